@@ -1,0 +1,56 @@
+"""Durable streams: ordered, retained, resumable per-topic logs.
+
+Workers append records to a topic; any number of independent subscriptions read it from the
+beginning, from the tail, or strictly after a cursor returned with an earlier record::
+
+    from api.core.durable_stream import CLOSED, connect
+
+    with connect("sqlite:///var/streams.db") as backend:
+        topic = backend.topic("workflow:run-42")
+        topic.append(b'{"event": "workflow_started"}')
+        with topic.subscribe_from_beginning() as subscription:
+            record = subscription.receive(timeout=1.0)
+        # ... later, after a disconnect:
+        with topic.subscribe_from_cursor(record.cursor) as subscription:
+            while (next_record := subscription.receive(timeout=1.0)) is not CLOSED:
+                ...
+
+The contract lives in :mod:`._contract`; adapters are chosen by URL scheme in :func:`connect`.
+"""
+
+from __future__ import annotations
+
+from ._backend import DurableStreamAdmin, DurableStreamBackend
+from ._connect import connect
+from ._contract import (
+    CLOSED,
+    Closed,
+    CursorUnavailableError,
+    DurableStreamError,
+    DurableStreamProducer,
+    DurableStreamRecord,
+    DurableStreamSubscription,
+    DurableStreamTopic,
+    DurableStreamUnavailableError,
+    TopicCursor,
+    TopicSealedError,
+)
+from ._driver import TopicInfo
+
+__all__ = [
+    "CLOSED",
+    "Closed",
+    "CursorUnavailableError",
+    "DurableStreamAdmin",
+    "DurableStreamBackend",
+    "DurableStreamError",
+    "DurableStreamProducer",
+    "DurableStreamRecord",
+    "DurableStreamSubscription",
+    "DurableStreamTopic",
+    "DurableStreamUnavailableError",
+    "TopicCursor",
+    "TopicInfo",
+    "TopicSealedError",
+    "connect",
+]

@@ -1,0 +1,88 @@
+"""Cursor encoding: versioned, opaque, bound to one topic incarnation.
+
+A cursor carries everything a new subscription needs to resume without trusting anything else:
+a digest of (store identity, topic name), the topic's epoch, the ordinal of the record it follows
+and that record's native position. A checksum makes truncation and corruption detectable. The
+layout is private; callers see only an opaque string.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import hashlib
+import struct
+
+from ._contract import CursorUnavailableError, TopicCursor
+from ._driver import Position
+
+__all__ = ["CursorCodec", "DecodedCursor"]
+
+_VERSION = "1"
+_HEADER = struct.Struct(">8sQ")  # topic digest, ordinal
+_CHECKSUM_SIZE = 6
+_MAX_CURSOR_LENGTH = 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecodedCursor:
+    epoch: str
+    position: Position
+
+
+class CursorCodec:
+    """Encodes and decodes the cursors of one topic."""
+
+    __slots__ = ("_digest",)
+
+    def __init__(self, identity: str, topic: str) -> None:
+        self._digest = hashlib.blake2b(f"{identity}\0{topic}".encode(), digest_size=8).digest()
+
+    def encode(self, epoch: str, position: Position) -> TopicCursor:
+        epoch_bytes = epoch.encode()
+        body = (
+            _HEADER.pack(self._digest, position.ordinal)
+            + bytes([len(epoch_bytes)])
+            + epoch_bytes
+            + position.native.encode()
+        )
+        text = base64.urlsafe_b64encode(body + _checksum(body)).rstrip(b"=").decode("ascii")
+        return TopicCursor(f"{_VERSION}.{text}")
+
+    def decode(self, cursor: object) -> DecodedCursor:
+        """Return the cursor's contents.
+
+        Raises:
+            CursorUnavailableError: The cursor is not a string this codec produced for this topic.
+        """
+        if not isinstance(cursor, str) or not cursor or len(cursor) > _MAX_CURSOR_LENGTH:
+            raise CursorUnavailableError("malformed cursor")
+        version, dot, text = cursor.partition(".")
+        if not dot or version != _VERSION:
+            raise CursorUnavailableError("malformed cursor: unknown version")
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        except (binascii.Error, ValueError) as exc:
+            raise CursorUnavailableError("malformed cursor: bad encoding") from exc
+        body, checksum = raw[:-_CHECKSUM_SIZE], raw[-_CHECKSUM_SIZE:]
+        if len(body) < _HEADER.size + 1 or _checksum(body) != checksum:
+            raise CursorUnavailableError("malformed cursor: truncated or corrupted")
+        digest, ordinal = _HEADER.unpack_from(body)
+        if digest != self._digest:
+            raise CursorUnavailableError("cursor belongs to another topic")
+        epoch_length = body[_HEADER.size]
+        epoch_end = _HEADER.size + 1 + epoch_length
+        epoch_raw = body[_HEADER.size + 1 : epoch_end]
+        if not epoch_raw or len(epoch_raw) != epoch_length:
+            raise CursorUnavailableError("malformed cursor")
+        try:
+            epoch = epoch_raw.decode()
+            native = body[epoch_end:].decode()
+        except UnicodeDecodeError as exc:
+            raise CursorUnavailableError("malformed cursor") from exc
+        return DecodedCursor(epoch=epoch, position=Position(ordinal, native))
+
+
+def _checksum(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=_CHECKSUM_SIZE).digest()

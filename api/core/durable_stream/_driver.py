@@ -1,0 +1,149 @@
+"""The small storage interface each adapter implements.
+
+The public behaviour (cursors, boundaries, gap detection, seal, bounded buffers, close) lives once
+in :mod:`._subscription` and :mod:`._backend`; an adapter only has to store records with dense
+ordinals and answer a handful of atomic questions about a topic. Every method here may block on
+I/O and must be safe to call from several threads at once.
+
+Every driver method raises only :class:`~._contract.DurableStreamError` subclasses: each adapter
+translates its driver's exceptions in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+__all__ = [
+    "Batch",
+    "ChangeFeed",
+    "Driver",
+    "Position",
+    "StoredRecord",
+    "TopicHead",
+    "TopicInfo",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Position:
+    """A point in a topic: the ordinal of the last record before it.
+
+    ``native`` is the backend's own position for that record (a Redis stream ID, a JetStream
+    sequence) when the adapter knows it, and ``""`` when the adapter must locate the ordinal
+    itself. It never leaves the library except inside an opaque cursor.
+    """
+
+    ordinal: int
+    native: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicHead:
+    """An atomic snapshot of a topic's metadata.
+
+    ``first`` is the first retained ordinal (``last + 1`` when nothing is retained) and ``last`` is
+    the last ordinal ever assigned (``0`` before the first append). ``epoch`` is random per
+    incarnation of the topic. ``last_native`` is the native position of ``last`` if known.
+    """
+
+    epoch: str
+    first: int
+    last: int
+    sealed: bool
+    last_native: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredRecord:
+    ordinal: int
+    native: str
+    payload: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Batch:
+    """Records after a position together with the head they were read under (one snapshot).
+
+    ``head`` is ``None`` when the topic does not exist (never created, deleted or expired).
+    """
+
+    head: TopicHead | None
+    records: Sequence[StoredRecord]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """What an operator sees of a topic through ``backend.admin.topic_info()``."""
+
+    name: str
+    length: int
+    first_ordinal: int
+    last_ordinal: int
+    sealed: bool
+
+
+class ChangeFeed(Protocol):
+    """Tells the backend which topics have changed, including through other processes.
+
+    One feed serves every subscription of a backend object. It calls the ``notify`` callback it
+    was opened with (from any thread) whenever a watched topic may have changed; spurious calls
+    are harmless, missed ones only delay delivery until the subscription's fallback poll.
+    """
+
+    def watch(self, topic: str) -> None: ...
+
+    def unwatch(self, topic: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Driver(Protocol):
+    #: Distinguishes this store from others when binding cursors to a topic. It must be the same
+    #: for every process that opens the same store.
+    identity: str
+    #: Upper bound on how long a subscription waits before re-reading without a notification.
+    poll_interval: float
+
+    def append(self, topic: str, payload: bytes) -> None:
+        """Store one record with ordinal ``last + 1``. Creates the topic if needed.
+
+        Raises:
+            TopicSealedError: The topic is sealed.
+            DurableStreamUnavailableError: The store did not acknowledge the record.
+        """
+        ...
+
+    def seal(self, topic: str) -> None:
+        """Mark the topic sealed (creating it if needed), atomically with respect to appends."""
+        ...
+
+    def head(self, topic: str, *, create: bool) -> TopicHead | None:
+        """Return the topic's head; with ``create``, first create the topic if it does not exist."""
+        ...
+
+    def read(self, topic: str, after: Position, limit: int) -> Batch:
+        """Return up to ``limit`` records with ordinals greater than ``after.ordinal``, in order.
+
+        The records and the head come from one consistent snapshot.
+        """
+        ...
+
+    def topic_info(self, topic: str) -> TopicInfo | None: ...
+
+    def trim(self, topic: str, keep_last: int) -> int:
+        """Remove all but the last ``keep_last`` records; return how many were removed."""
+        ...
+
+    def delete(self, topic: str) -> bool: ...
+
+    def enforce_retention(self) -> int:
+        """Apply the configured retention options everywhere; return how many records were removed."""
+        ...
+
+    def open_change_feed(self, notify: Callable[[str], None]) -> ChangeFeed | None:
+        """Start watching for changes made elsewhere, or ``None`` if every change is seen locally."""
+        ...
+
+    def close(self) -> None: ...

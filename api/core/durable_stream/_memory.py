@@ -1,0 +1,149 @@
+"""In-process reference adapter.
+
+Capability card
+---------------
+- URL: ``memory://``. Every backend object owns one private store shared by all its threads.
+- Durability: none; the store lives and dies with the backend object.
+- Wake-ups: direct, in-process; no watcher thread.
+- Options: ``max_records`` (applied on every append), ``max_age_seconds`` (applied by
+  ``admin.enforce_retention()``), ``buffer_size``.
+- Use: tests, examples, and as the executable specification the other adapters are checked against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from ._connect import Options
+from ._contract import TopicSealedError
+from ._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
+
+__all__ = ["MemoryDriver"]
+
+
+@dataclasses.dataclass(slots=True)
+class _Topic:
+    epoch: str
+    first: int = 1
+    sealed: bool = False
+    updated: float = dataclasses.field(default_factory=time.time)
+    records: list[tuple[float, bytes]] = dataclasses.field(default_factory=list)
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.records) - 1
+
+    def head(self) -> TopicHead:
+        return TopicHead(epoch=self.epoch, first=self.first, last=self.last, sealed=self.sealed)
+
+    def drop_prefix(self, count: int) -> int:
+        count = min(count, len(self.records))
+        if count > 0:
+            del self.records[:count]
+            self.first += count
+        return max(count, 0)
+
+
+class MemoryDriver:
+    poll_interval = 5.0
+
+    def __init__(self, options: Options) -> None:
+        max_records = options.pop_int("max_records", minimum=1)
+        max_age_seconds = options.pop_float("max_age_seconds", minimum=0.001)
+        self.identity = f"memory:{uuid.uuid4().hex}"
+        self._max_records = max_records
+        self._max_age = max_age_seconds
+        self._topics: dict[str, _Topic] = {}
+        self._lock = threading.Lock()
+
+    def _get(self, name: str, create: bool) -> _Topic | None:
+        topic = self._topics.get(name)
+        if topic is None and create:
+            topic = self._topics[name] = _Topic(epoch=uuid.uuid4().hex)
+        return topic
+
+    def append(self, topic: str, payload: bytes) -> None:
+        with self._lock:
+            state = self._get(topic, create=True)
+            assert state is not None
+            if state.sealed:
+                raise TopicSealedError(f"topic {topic!r} is sealed")
+            now = time.time()
+            state.records.append((now, payload))
+            state.updated = now
+            if self._max_records is not None:
+                state.drop_prefix(len(state.records) - self._max_records)
+
+    def seal(self, topic: str) -> None:
+        with self._lock:
+            state = self._get(topic, create=True)
+            assert state is not None
+            state.sealed = True
+            state.updated = time.time()
+
+    def head(self, topic: str, *, create: bool) -> TopicHead | None:
+        with self._lock:
+            state = self._get(topic, create)
+            return None if state is None else state.head()
+
+    def read(self, topic: str, after: Position, limit: int) -> Batch:
+        with self._lock:
+            state = self._topics.get(topic)
+            if state is None:
+                return Batch(head=None, records=())
+            start = max(after.ordinal + 1, state.first)
+            index = start - state.first
+            records = [
+                StoredRecord(ordinal=start + offset, native="", payload=payload)
+                for offset, (_, payload) in enumerate(state.records[index : index + limit])
+            ]
+            return Batch(head=state.head(), records=records)
+
+    def topic_info(self, topic: str) -> TopicInfo | None:
+        with self._lock:
+            state = self._topics.get(topic)
+            if state is None:
+                return None
+            return TopicInfo(topic, len(state.records), state.first, state.last, state.sealed)
+
+    def trim(self, topic: str, keep_last: int) -> int:
+        with self._lock:
+            state = self._topics.get(topic)
+            return 0 if state is None else state.drop_prefix(len(state.records) - keep_last)
+
+    def delete(self, topic: str) -> bool:
+        with self._lock:
+            return self._topics.pop(topic, None) is not None
+
+    def enforce_retention(self) -> int:
+        removed = 0
+        now = time.time()
+        with self._lock:
+            for name, state in list(self._topics.items()):
+                if self._max_records is not None:
+                    removed += state.drop_prefix(len(state.records) - self._max_records)
+                if self._max_age is not None:
+                    cutoff = now - self._max_age
+                    expired = next((i for i, (created, _) in enumerate(state.records) if created >= cutoff), None)
+                    if expired is None:
+                        expired = len(state.records)
+                    removed += state.drop_prefix(expired)
+                    if state.updated < cutoff:
+                        removed += len(state.records)
+                        del self._topics[name]
+        return removed
+
+    def open_change_feed(self, notify: Callable[[str], None]) -> ChangeFeed | None:
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            self._topics.clear()
+
+
+def open_driver(url: str, options: Options) -> MemoryDriver:
+    return MemoryDriver(options)

@@ -1,0 +1,184 @@
+"""The one subscription implementation every adapter shares.
+
+Delivery is pull-based: a subscription asks its driver for the next batch only when its buffer is
+empty, so records wait in the backend and a slow reader costs nothing but its position. Every
+batch is checked against the ordinal the subscription expects next, which is what makes gap
+detection exact on every backend.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import threading
+import time
+import types
+from typing import TYPE_CHECKING, Self
+
+from ._contract import (
+    CLOSED,
+    Closed,
+    CursorUnavailableError,
+    DurableStreamError,
+    DurableStreamRecord,
+    DurableStreamSubscription,
+    DurableStreamUnavailableError,
+)
+from ._cursor import CursorCodec
+from ._driver import Batch, Position, StoredRecord
+
+if TYPE_CHECKING:
+    from ._backend import DurableStreamBackend
+
+__all__ = ["Subscription"]
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Subscription(DurableStreamSubscription):
+    """A subscription whose starting boundary (epoch and position) was fixed at creation."""
+
+    def __init__(
+        self,
+        backend: DurableStreamBackend,
+        topic: str,
+        codec: CursorCodec,
+        epoch: str,
+        start: Position,
+    ) -> None:
+        self._backend = backend
+        self._topic = topic
+        self._codec = codec
+        self._epoch = epoch
+        self._position = start
+        self._buffer: collections.deque[StoredRecord] = collections.deque()
+        self._sealed_at: int | None = None
+        self._state = _State.NEW
+        self._state_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._seen_version: int | None = None
+        self._last_read = 0.0
+
+    def __repr__(self) -> str:
+        return f"<Subscription topic={self._topic!r} state={self._state.value}>"
+
+    def __enter__(self) -> Self:
+        with self._state_lock:
+            if self._state is not _State.NEW:
+                raise DurableStreamUnavailableError("a subscription can be entered only once")
+            self._state = _State.OPEN
+        try:
+            self._backend._attach(self)
+            self._backend._notifier.register(self._topic, self._wake)
+            self._wake.clear()
+            self._seen_version = None
+            self._fill()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> bool | None:
+        self.close()
+        return None
+
+    def close(self) -> None:
+        with self._state_lock:
+            if self._state is _State.CLOSED:
+                return
+            was_open = self._state is _State.OPEN
+            self._state = _State.CLOSED
+        self._wake.set()
+        self._buffer.clear()
+        if was_open:
+            try:
+                self._backend._notifier.unregister(self._topic, self._wake)
+                self._backend._detach(self)
+            except Exception:  # close() must never raise; nothing is left to release here
+                pass
+
+    def receive(self, timeout: float = 0.1) -> DurableStreamRecord | Closed | None:
+        if self._state is _State.NEW:
+            self.close()
+            raise DurableStreamUnavailableError("receive() called on a subscription that was never entered")
+        deadline = time.monotonic() + max(timeout, 0.0)
+        notifier = self._backend._notifier
+        poll_interval = self._backend._driver.poll_interval
+        while True:
+            if self._state is _State.CLOSED:
+                return CLOSED
+            try:
+                stored = self._buffer.popleft()
+            except IndexError:  # empty, or cleared by a concurrent close()
+                pass
+            else:
+                return DurableStreamRecord(
+                    payload=stored.payload,
+                    cursor=self._codec.encode(self._epoch, Position(stored.ordinal, stored.native)),
+                )
+            if self._sealed_at is not None and self._position.ordinal >= self._sealed_at:
+                self.close()
+                return CLOSED
+            now = time.monotonic()
+            stale = now - self._last_read >= poll_interval
+            if stale or notifier.version(self._topic) != self._seen_version:
+                self._wake.clear()
+                try:
+                    self._fill()
+                except BaseException:
+                    self.close()
+                    raise
+                if self._buffer or self._sealed_at is not None:
+                    continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self._wake.wait(min(remaining, poll_interval))
+
+    def _fill(self) -> None:
+        """Read the next batch into the (empty) buffer, validating it against the expected ordinal."""
+        version = self._backend._notifier.version(self._topic)
+        try:
+            batch = self._backend._driver.read(self._topic, self._position, self._backend._buffer_size)
+        except DurableStreamError:
+            raise
+        except Exception as exc:  # an adapter bug must still surface as a contract error
+            raise DurableStreamUnavailableError(f"read failed: {exc!r}") from exc
+        self._last_read = time.monotonic()
+        self._accept(batch)
+        self._seen_version = version
+
+    def _accept(self, batch: Batch) -> None:
+        head = batch.head
+        position = self._position.ordinal
+        if head is None or head.epoch != self._epoch:
+            raise CursorUnavailableError(
+                f"topic {self._topic!r} was deleted, expired or re-created after this position was fixed"
+            )
+        expected = position + 1
+        records = batch.records
+        if records:
+            if records[0].ordinal != expected:
+                raise CursorUnavailableError(
+                    f"records {expected}..{records[0].ordinal - 1} of topic {self._topic!r} are no longer retained"
+                )
+            for offset, record in enumerate(records):
+                if record.ordinal != expected + offset:
+                    raise DurableStreamUnavailableError(f"backend returned a non-contiguous batch for {self._topic!r}")
+            self._buffer.extend(records)
+            self._position = Position(records[-1].ordinal, records[-1].native)
+        elif head.first > expected or head.last < position:
+            raise CursorUnavailableError(f"position {position} of topic {self._topic!r} is no longer retained")
+        elif head.last > position:
+            raise DurableStreamUnavailableError(f"backend returned no records after {position} of {self._topic!r}")
+        if head.sealed:
+            self._sealed_at = head.last
