@@ -22,6 +22,9 @@ __all__ = ["SCHEMES", "Options", "connect"]
 SCHEMES: Mapping[str, str] = {
     "memory": "._memory",
     "sqlite": "._sqlite",
+    "postgresql": "._postgres",
+    "postgresql+psycopg": "._postgres",
+    "postgres": "._postgres",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -110,7 +113,8 @@ def connect(url: str, **options: Any) -> DurableStreamBackend:
     values = Options(merged)
     buffer_size = values.pop_int("buffer_size", DEFAULT_BUFFER_SIZE, minimum=1)
     assert buffer_size is not None
-    base_url = urllib.parse.urlunsplit(parts._replace(query=""))
+    # Cut the query off the text itself: urlunsplit() drops an empty authority ("sqlite:///x" -> "sqlite:/x").
+    base_url = url.partition("?")[0]
     module = importlib.import_module(module_name, __package__)
     driver: Driver = module.open_driver(base_url, values)
     try:

@@ -65,6 +65,8 @@ class CursorCodec:
             raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
         except (binascii.Error, ValueError) as exc:
             raise CursorUnavailableError("malformed cursor: bad encoding") from exc
+        if base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii") != text:
+            raise CursorUnavailableError("malformed cursor: not canonical")
         body, checksum = raw[:-_CHECKSUM_SIZE], raw[-_CHECKSUM_SIZE:]
         if len(body) < _HEADER.size + 1 or _checksum(body) != checksum:
             raise CursorUnavailableError("malformed cursor: truncated or corrupted")

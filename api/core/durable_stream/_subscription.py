@@ -154,10 +154,12 @@ class Subscription(DurableStreamSubscription):
         except Exception as exc:  # an adapter bug must still surface as a contract error
             raise DurableStreamUnavailableError(f"read failed: {exc!r}") from exc
         self._last_read = time.monotonic()
-        self._accept(batch)
-        self._seen_version = version
+        caught_up = self._accept(batch)
+        # Only a read that reached the head may be trusted until the next notification.
+        self._seen_version = version if caught_up else None
 
-    def _accept(self, batch: Batch) -> None:
+    def _accept(self, batch: Batch) -> bool:
+        """Buffer a validated batch; return whether it reached the topic's last record."""
         head = batch.head
         position = self._position.ordinal
         if head is None or head.epoch != self._epoch:
@@ -182,3 +184,4 @@ class Subscription(DurableStreamSubscription):
             raise DurableStreamUnavailableError(f"backend returned no records after {position} of {self._topic!r}")
         if head.sealed:
             self._sealed_at = head.last
+        return self._position.ordinal >= head.last

@@ -1,0 +1,47 @@
+"""The shared contract suite every durable-stream adapter must pass.
+
+One base class per capability; :class:`DurableStreamContract` combines them. An adapter's test
+module subclasses it once (``class TestSqliteContract(DurableStreamContract)``) and implements
+``make_backend(**options)`` (and ``backend_url(**options)`` where another process can reach the
+same store). Nothing in this package is collected by itself: its classes do not start with
+``Test``.
+"""
+
+from __future__ import annotations
+
+from .append_order import AppendOrderContract
+from .backpressure import BackpressureContract
+from .close_threads import CloseAndThreadsContract
+from .cursor_resume import CursorResumeContract
+from .errors import ErrorMappingContract
+from .retention import RetentionContract
+from .seal import SealContract
+from .start_positions import StartPositionContract
+from .stateful import StatefulContract
+
+__all__ = [
+    "AppendOrderContract",
+    "BackpressureContract",
+    "CloseAndThreadsContract",
+    "CursorResumeContract",
+    "DurableStreamContract",
+    "ErrorMappingContract",
+    "RetentionContract",
+    "SealContract",
+    "StartPositionContract",
+    "StatefulContract",
+]
+
+
+class DurableStreamContract(
+    AppendOrderContract,
+    StartPositionContract,
+    CursorResumeContract,
+    RetentionContract,
+    SealContract,
+    CloseAndThreadsContract,
+    BackpressureContract,
+    ErrorMappingContract,
+    StatefulContract,
+):
+    """Every capability of the contract; subclass once per adapter."""

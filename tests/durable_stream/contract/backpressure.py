@@ -1,0 +1,77 @@
+"""Backpressure: records wait in the backend; a reader that does not read costs no memory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from api.core.durable_stream import DurableStreamBackend, DurableStreamTopic
+
+from ._base import ContractBase, drain
+
+BULK_RECORDS = 100_000
+BULK_PAYLOAD = 200
+
+
+class BackpressureContract(ContractBase):
+    #: Options for the child process that appends the bulk records (e.g. a faster sync mode).
+    bulk_append_options: dict[str, object] = {}
+
+    def test_a_slow_subscriber_does_not_block_appends(self, topic: DurableStreamTopic) -> None:
+        with topic.subscribe_from_tail() as idle:
+            started = time.monotonic()
+            for index in range(2000):
+                topic.append(str(index).encode())
+            assert time.monotonic() - started < 60
+            assert [r.payload for r in drain(idle, 2000, timeout=60)] == [str(i).encode() for i in range(2000)]
+
+    def test_records_piling_up_for_an_idle_subscriber_do_not_grow_its_memory(
+        self, backend: DurableStreamBackend, topic: DurableStreamTopic, topic_name: str
+    ) -> None:
+        if self.store_in_process:
+            pytest.skip("the store itself lives in this process")
+        url = self.backend_url(**self.bulk_append_options)
+        if url is None:
+            pytest.skip("the adapter has no URL another process can open")
+        process = psutil.Process()
+        with topic.subscribe_from_tail() as subscription:
+            assert subscription.receive(timeout=0.05) is None
+            before = process.memory_info().rss
+            _append_in_child(url, topic_name, BULK_RECORDS, BULK_PAYLOAD)
+            # Observe for a while: shared readers and wake-ups react to the appends in the background.
+            peak = before
+            window_end = time.monotonic() + 1.0
+            while time.monotonic() < window_end:
+                peak = max(peak, process.memory_info().rss)
+                time.sleep(0.05)
+            grown = peak - before
+            assert grown < 10 * 1024 * 1024, f"RSS grew by {grown / 1e6:.1f} MB while the subscriber did not read"
+            for expected, record in enumerate(drain(subscription, BULK_RECORDS, timeout=300)):
+                assert record.payload[:12] == b"%012d" % expected
+
+
+def _append_in_child(url: str, topic_name: str, count: int, size: int) -> None:
+    """Append ``count`` records from a separate OS process, the way a worker would."""
+    script = textwrap.dedent(
+        f"""
+        from api.core.durable_stream import connect
+        with connect({url!r}) as backend:
+            topic = backend.topic({topic_name!r})
+            pad = b"x" * ({size} - 12)
+            for index in range({count}):
+                topic.append(b"%012d" % index + pad)
+        """
+    )
+    env = dict(os.environ)
+    env.pop("GEVENT_SUPPORT", None)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=600, env=env, cwd=_project_root())
+
+
+def _project_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -1,0 +1,72 @@
+"""Cursor resumption: strictly after the cursor, exactly the suffix, on any backend object."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from api.core.durable_stream import DurableStreamBackend, DurableStreamTopic
+
+from ._base import ContractBase, append_all, assert_idle, drain, payloads
+
+
+class CursorResumeContract(ContractBase):
+    def test_every_record_carries_a_string_cursor(self, topic: DurableStreamTopic) -> None:
+        append_all(topic, payloads(3))
+        with topic.subscribe_from_beginning() as subscription:
+            for record in drain(subscription, 3):
+                assert isinstance(record.cursor, str) and record.cursor
+
+    def test_disconnect_after_a_record_and_resume_from_the_next(self, topic: DurableStreamTopic) -> None:
+        append_all(topic, payloads(5))
+        with topic.subscribe_from_beginning() as subscription:
+            last = drain(subscription, 2)[-1]
+        append_all(topic, [b"r5"])
+        with topic.subscribe_from_cursor(last.cursor) as resumed:
+            assert [r.payload for r in drain(resumed, 4)] == [b"r2", b"r3", b"r4", b"r5"]
+            assert_idle(resumed)
+
+    def test_resume_from_every_position_delivers_exactly_the_suffix(
+        self, open_backend: Callable[..., DurableStreamBackend], topic_name: str
+    ) -> None:
+        count = 1000
+        backend = open_backend(buffer_size=count)
+        topic = backend.topic(topic_name)
+        items = payloads(count)
+        append_all(topic, items)
+        with topic.subscribe_from_beginning() as subscription:
+            cursors = [r.cursor for r in drain(subscription, count)]
+        for index, cursor in enumerate(cursors):
+            with topic.subscribe_from_cursor(cursor) as resumed:
+                suffix = [r.payload for r in drain(resumed, count - index - 1)]
+                assert suffix == items[index + 1 :], f"resume after record {index} delivered the wrong suffix"
+                assert resumed.receive(timeout=0) is None
+
+    def test_resume_from_the_tail_cursor_waits_for_new_records(self, topic: DurableStreamTopic) -> None:
+        append_all(topic, payloads(3))
+        with topic.subscribe_from_beginning() as subscription:
+            last = drain(subscription, 3)[-1]
+        with topic.subscribe_from_cursor(last.cursor) as resumed:
+            assert_idle(resumed)
+            topic.append(b"next")
+            assert [r.payload for r in drain(resumed, 1)] == [b"next"]
+
+    def test_the_same_cursor_resumes_more_than_once(self, topic: DurableStreamTopic) -> None:
+        append_all(topic, payloads(4))
+        with topic.subscribe_from_beginning() as subscription:
+            cursor = drain(subscription, 1)[0].cursor
+        for _ in range(3):
+            with topic.subscribe_from_cursor(cursor) as resumed:
+                assert [r.payload for r in drain(resumed, 3)] == [b"r1", b"r2", b"r3"]
+
+    def test_a_cursor_resumes_through_another_backend_object(
+        self, open_backend: Callable[..., DurableStreamBackend], backend: DurableStreamBackend, topic_name: str
+    ) -> None:
+        if self.store_in_process:
+            return  # a memory store is private to its backend object
+        topic = backend.topic(topic_name)
+        append_all(topic, payloads(3))
+        with topic.subscribe_from_beginning() as subscription:
+            cursor = drain(subscription, 1)[0].cursor
+        other = open_backend().topic(topic_name)
+        with other.subscribe_from_cursor(cursor) as resumed:
+            assert [r.payload for r in drain(resumed, 2)] == [b"r1", b"r2"]

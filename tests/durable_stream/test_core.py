@@ -1,0 +1,89 @@
+"""Backend-independent pieces: connect(), cursor encoding, the public surface, import hygiene."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import api.core.durable_stream as durable_stream
+from api.core.durable_stream import CursorUnavailableError, connect
+from api.core.durable_stream._cursor import CursorCodec
+from api.core.durable_stream._driver import Position
+
+PROPOSAL_NAMES = {
+    "TopicCursor",
+    "Closed",
+    "CLOSED",
+    "DurableStreamError",
+    "CursorUnavailableError",
+    "DurableStreamUnavailableError",
+    "DurableStreamRecord",
+    "DurableStreamSubscription",
+    "DurableStreamProducer",
+    "DurableStreamTopic",
+}
+
+
+def test_public_names_include_every_name_of_the_proposal() -> None:
+    assert set(durable_stream.__all__) >= PROPOSAL_NAMES
+    assert durable_stream.__all__ == sorted(durable_stream.__all__)
+
+
+def test_error_hierarchy() -> None:
+    assert issubclass(durable_stream.CursorUnavailableError, durable_stream.DurableStreamError)
+    assert issubclass(durable_stream.DurableStreamUnavailableError, durable_stream.DurableStreamError)
+    assert issubclass(durable_stream.TopicSealedError, durable_stream.DurableStreamUnavailableError)
+
+
+def test_unknown_scheme_names_the_supported_ones() -> None:
+    with pytest.raises(ValueError, match=r"supported: .*memory://.*sqlite://"):
+        connect("kafka://localhost:9092")
+
+
+def test_unknown_and_invalid_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown option"):
+        connect("memory://", colour="blue")
+    with pytest.raises(ValueError, match="buffer_size"):
+        connect("memory://", buffer_size=0)
+    with pytest.raises(ValueError, match="max_records"):
+        connect("memory://?max_records=lots")
+
+
+def test_options_come_from_the_query_string_too() -> None:
+    with connect("memory://?max_records=2") as backend:
+        topic = backend.topic("t")
+        for payload in (b"a", b"b", b"c"):
+            topic.append(payload)
+        info = backend.admin.topic_info("t")
+        assert info is not None and info.first_ordinal == 2
+
+
+def test_cursor_round_trip_and_binding() -> None:
+    codec = CursorCodec("store", "topic")
+    cursor = codec.encode("e" * 32, Position(41, "1700000000000-3"))
+    decoded = codec.decode(cursor)
+    assert decoded.epoch == "e" * 32 and decoded.position == Position(41, "1700000000000-3")
+    with pytest.raises(CursorUnavailableError):
+        CursorCodec("store", "other").decode(cursor)
+    with pytest.raises(CursorUnavailableError):
+        CursorCodec("other-store", "topic").decode(cursor)
+    assert "1700000000000" not in cursor, "a backend position must not show through the cursor"
+
+
+def test_importing_the_library_needs_no_driver_or_app_package() -> None:
+    code = (
+        "import sys; import api.core.durable_stream as d; d.connect('memory://').close(); "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'redis', 'psycopg', 'sqlalchemy', 'nats', 'gevent', 'flask', 'celery'}); print(','.join(bad))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == ""
+
+
+def test_import_linter_contract_holds() -> None:
+    result = subprocess.run([sys.executable, "-m", "importlinter.cli", "--no-cache"], capture_output=True, text=True)
+    if "No module named importlinter.cli" in result.stderr:
+        result = subprocess.run(["lint-imports", "--no-cache"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
