@@ -1,0 +1,57 @@
+"""Builds the Flask app: settings, extensions, blueprints and CLI commands."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import click
+from flask import Flask
+
+from api.configs import AppConfig
+
+
+def create_app(config: AppConfig | None = None) -> Flask:
+    config = config or AppConfig()
+    app = Flask("api")
+    app.config["SECRET_KEY"] = config.SECRET_KEY
+    app.config["APP_CONFIG"] = config
+
+    from api.extensions import ext_celery, ext_database, ext_durable_stream, ext_redis
+
+    ext_database.init_app(app, config)
+    ext_redis.init_app(app, config)
+    ext_durable_stream.init_app(app, config)
+    ext_celery.init_app(app, config)
+
+    import api.tasks  # noqa: F401  (registers the Celery tasks)
+    from api.controllers.service_api import bp as service_api_bp
+    from api.libs.external_api import http_error_response
+
+    app.register_blueprint(service_api_bp)
+    app.register_error_handler(Exception, http_error_response)
+    _register_commands(app)
+    return app
+
+
+def _register_commands(app: Flask) -> None:
+    @app.cli.command("create-app")
+    @click.option("--file", "path", required=True, type=click.Path(exists=True, dir_okay=False))
+    def create_app_command(path: str) -> None:
+        """Create an app from a workflow definition file and print its id and API key."""
+        from api.services import app_service
+        from api.services.errors import ServiceError
+
+        definition = json.loads(pathlib.Path(path).read_text())
+        try:
+            created = app_service.create_app(definition)
+        except ServiceError as exc:
+            raise click.ClickException(exc.message) from exc
+        click.echo(json.dumps({"app_id": created.id, "name": created.name, "api_key": created.api_key}))
+
+    @app.cli.command("reap-expired-runs")
+    def reap_command() -> None:
+        """End runs whose worker stopped renewing its lease."""
+        from api.services.workflow_run_service import reap_expired_runs
+
+        click.echo(f"ended {reap_expired_runs()} run(s)")

@@ -1,0 +1,51 @@
+"""Application settings, read from the environment (and an optional ``.env`` file).
+
+``app_config`` is the process-wide instance. Defaults are the embedded setup: SQLite for data and
+streams and Celery's filesystem broker under ``VAR_DIR``, so ``make run`` needs no external service.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["AppConfig", "app_config"]
+
+PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class AppConfig(BaseSettings):
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+
+    SECRET_KEY: str = Field(
+        default="dev-only-secret-key-change-me",
+        description="Flask secret; also the root of the development resume-token key.",
+    )
+    VAR_DIR: pathlib.Path = Field(default=PROJECT_ROOT / "var", description="Where embedded data lives.")
+
+    SQLALCHEMY_DATABASE_URI: str = Field(default="", description="App database; default SQLite in VAR_DIR.")
+    DURABLE_STREAM_URL: str = Field(default="", description="Durable-stream backend; default SQLite in VAR_DIR.")
+    REDIS_URL: str | None = Field(default=None, description="Redis for the broadcast channel, if used.")
+
+    CELERY_BROKER_URL: str = Field(default="filesystem://", description="Celery broker.")
+    CELERY_QUEUE: str = Field(default="workflow", description="Queue the workflow tasks use.")
+
+    APP_MAX_EXECUTION_TIME: float = Field(default=1200, description="Watchdog: seconds one execution attempt may run.")
+    WORKFLOW_LEASE_TTL: float = Field(default=30, description="Seconds a worker's run lease lasts between renewals.")
+    WORKFLOW_LLM_TOKEN_DELAY: float = Field(default=0.02, description="Default delay between simulated LLM tokens.")
+    WORKFLOW_STOP_CHECK_INTERVAL: float = Field(default=1.0, description="Seconds the stop flag may be cached.")
+    BLOCKING_RESPONSE_TIMEOUT: float = Field(default=600, description="Longest wait of a blocking run request.")
+
+    def database_uri(self) -> str:
+        return self.SQLALCHEMY_DATABASE_URI or f"sqlite:///{self.VAR_DIR / 'app.db'}"
+
+    def durable_stream_url(self) -> str:
+        return self.DURABLE_STREAM_URL or f"sqlite:///{self.VAR_DIR / 'streams.db'}"
+
+    def broker_folder(self) -> pathlib.Path:
+        return self.VAR_DIR / "broker"
+
+
+app_config = AppConfig()

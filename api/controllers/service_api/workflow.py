@@ -1,0 +1,66 @@
+"""Workflow endpoints of the service API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import request
+from flask_restful import Resource
+
+from api.models import App
+from api.services import workflow_run_service as runs
+from api.services.errors import InvalidParamError
+
+from . import api
+from .wraps import validate_app_token
+
+
+def _json_body() -> Any:
+    body = request.get_json(silent=True)
+    if body is None:
+        raise InvalidParamError("the request body must be valid JSON")
+    return body
+
+
+class WorkflowRunApi(Resource):  # type: ignore[misc]
+    @validate_app_token
+    def post(self, app_model: App) -> Any:
+        inputs, user, mode = runs.parse_run_request(app_model, _json_body())
+        run = runs.create_run(app_model, inputs, user)
+        if mode == "async":
+            runs.dispatch(run)
+            return {"task_id": run.task_id, "workflow_run_id": run.id}, 202
+        return runs.run_blocking(app_model, run)
+
+
+class WorkflowRunDetailApi(Resource):  # type: ignore[misc]
+    @validate_app_token
+    def get(self, app_model: App, workflow_run_id: str) -> Any:
+        user = request.args.get("user")
+        if not user:
+            raise InvalidParamError("the 'user' query parameter is required")
+        return runs.run_detail(runs.get_run(app_model, workflow_run_id, user))
+
+
+class WorkflowTaskStopApi(Resource):  # type: ignore[misc]
+    @validate_app_token
+    def post(self, app_model: App, task_id: str) -> Any:
+        body = _json_body()
+        user = body.get("user") if isinstance(body, dict) else None
+        if not isinstance(user, str) or not user:
+            raise InvalidParamError("'user' is required")
+        runs.stop_run(app_model, task_id, user)
+        return {"result": "success"}
+
+
+class WorkflowHumanInputApi(Resource):  # type: ignore[misc]
+    @validate_app_token
+    def post(self, app_model: App, workflow_run_id: str) -> Any:
+        run = runs.submit_human_input(app_model, workflow_run_id, _json_body())
+        return {"result": "success", "task_id": run.task_id, "workflow_run_id": run.id, "status": run.status}
+
+
+api.add_resource(WorkflowRunApi, "/workflows/run")
+api.add_resource(WorkflowRunDetailApi, "/workflows/run/<string:workflow_run_id>")
+api.add_resource(WorkflowTaskStopApi, "/workflows/tasks/<string:task_id>/stop")
+api.add_resource(WorkflowHumanInputApi, "/workflows/runs/<string:workflow_run_id>/human-input")

@@ -1,0 +1,42 @@
+"""Celery, configured from the app settings; every task runs inside a Flask app context."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery, Task
+from flask import Flask
+
+from api.configs import AppConfig
+
+
+def init_app(app: Flask, config: AppConfig) -> Celery:
+    class FlaskTask(Task):  # type: ignore[misc]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            with app.app_context():
+                return self.run(*args, **kwargs)
+
+    celery_app = Celery(app.name, task_cls=FlaskTask)
+    settings: dict[str, Any] = {
+        "broker_url": config.CELERY_BROKER_URL,
+        "task_default_queue": config.CELERY_QUEUE,
+        "task_ignore_result": True,
+        "worker_prefetch_multiplier": 1,
+        "broker_connection_retry_on_startup": True,
+        "worker_hijack_root_logger": False,
+    }
+    if config.CELERY_BROKER_URL.startswith("filesystem"):
+        folder = config.broker_folder()
+        for sub in ("queue", "processed"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        settings["broker_transport_options"] = {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+            "polling_interval": 0.1,
+        }
+    celery_app.conf.update(settings)
+    celery_app.set_default()
+    app.extensions["celery"] = celery_app
+    return celery_app

@@ -1,0 +1,46 @@
+"""One durable-stream backend per process, opened lazily.
+
+Lazy and keyed by process id, because Celery's prefork pool and gunicorn fork after the app is
+created: a backend (its connections and watcher thread) must never cross a fork.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from flask import Flask, current_app
+
+from api.configs import AppConfig
+from api.core.durable_stream import DurableStreamBackend, connect
+
+
+class DurableStreamExtension:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._backend: DurableStreamBackend | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    @property
+    def backend(self) -> DurableStreamBackend:
+        with self._lock:
+            if self._backend is None or self._pid != os.getpid() or self._backend.closed:
+                self._backend = connect(self.url)
+                self._pid = os.getpid()
+            return self._backend
+
+    def close(self) -> None:
+        with self._lock:
+            if self._backend is not None and self._pid == os.getpid():
+                self._backend.close()
+            self._backend = None
+
+
+def init_app(app: Flask, config: AppConfig) -> None:
+    app.extensions["durable_stream"] = DurableStreamExtension(config.durable_stream_url())
+
+
+def durable_stream() -> DurableStreamBackend:
+    extension: DurableStreamExtension = current_app.extensions["durable_stream"]
+    return extension.backend

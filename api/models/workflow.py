@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import datetime
+import enum
+import json
+from typing import Any
+
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from api.extensions.ext_database import db
+
+from .model import _now, new_id
+
+
+class WorkflowRunStatus(enum.StrEnum):
+    RUNNING = "running"
+    PAUSED = "paused"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (WorkflowRunStatus.SUCCEEDED, WorkflowRunStatus.FAILED, WorkflowRunStatus.STOPPED)
+
+
+class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
+    """One run of an app's workflow, across pauses and resumes (one task id, one event topic)."""
+
+    __tablename__ = "workflow_runs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    task_id: Mapped[str] = mapped_column(String(36), unique=True, index=True, default=new_id)
+    app_id: Mapped[str] = mapped_column(String(36), ForeignKey("apps.id"), index=True)
+    end_user: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16), default=WorkflowRunStatus.RUNNING.value)
+    inputs_json: Mapped[str] = mapped_column(Text, default="{}")
+    outputs_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: Engine state saved at a pause (variable pool, paused node); cleared when the run ends.
+    state_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    total_steps: Mapped[int] = mapped_column(Integer, default=0)
+    stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Unix time until which the executing worker holds the run; renewed while it executes.
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    finished_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.inputs_json or "{}")
+        return value
+
+    @property
+    def outputs(self) -> dict[str, Any] | None:
+        return None if self.outputs_json is None else json.loads(self.outputs_json)
+
+    def state_after_pause(self) -> dict[str, Any]:
+        if self.state_json is None:
+            raise ValueError(f"run {self.id} has no saved pause state")
+        value: dict[str, Any] = json.loads(self.state_json)
+        return value
+
+    @property
+    def run_status(self) -> WorkflowRunStatus:
+        return WorkflowRunStatus(self.status)
+
+    @property
+    def elapsed_time(self) -> float:
+        created = _aware(self.created_at)
+        end = _aware(self.finished_at) if self.finished_at else _now()
+        return max(0.0, (end - created).total_seconds())
+
+
+def _aware(value: datetime.datetime) -> datetime.datetime:
+    # SQLite hands back naive datetimes even for timezone-aware columns.
+    return value if value.tzinfo else value.replace(tzinfo=datetime.UTC)

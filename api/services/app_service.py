@@ -1,0 +1,46 @@
+"""Creating apps and authenticating their API keys."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+
+from api.core.workflow import Graph, WorkflowDefinitionError
+from api.extensions.ext_database import db
+from api.models import App
+
+from .errors import InvalidParamError, UnauthorizedError
+
+
+def create_app(definition: Mapping[str, Any]) -> App:
+    """Validate a workflow definition (``{"name", "mode", "graph"}``) and store it as a new app."""
+    name = definition.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidParamError("an app needs a 'name'")
+    mode = definition.get("mode", "workflow")
+    if mode != "workflow":
+        raise InvalidParamError("only 'workflow' apps are supported")
+    try:
+        Graph(definition.get("graph", {}))
+    except WorkflowDefinitionError as exc:
+        raise InvalidParamError(f"invalid workflow: {exc}") from exc
+    app = App(name=name.strip(), mode=mode, graph_json=json.dumps(definition["graph"]))
+    db.session.add(app)
+    db.session.commit()
+    return app
+
+
+def authenticate(authorization: str | None) -> App:
+    """Resolve ``Authorization: Bearer <app api key>`` to its app."""
+    if not authorization:
+        raise UnauthorizedError("missing Authorization header")
+    scheme, _, key = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise UnauthorizedError("the Authorization header must be 'Bearer <api key>'")
+    app = db.session.execute(select(App).where(App.api_key == key.strip())).scalar_one_or_none()
+    if app is None:
+        raise UnauthorizedError("invalid API key")
+    return app

@@ -1,0 +1,49 @@
+"""Errors the HTTP layer turns into ``{"code", "message", "status"}`` responses."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    status = 400
+    code = "invalid_param"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class InvalidParamError(ServiceError):
+    status = 400
+    code = "invalid_param"
+
+
+class UnauthorizedError(ServiceError):
+    status = 401
+    code = "unauthorized"
+
+
+class NotFoundError(ServiceError):
+    status = 404
+    code = "not_found"
+
+
+class ConflictError(ServiceError):
+    status = 409
+    code = "conflict"
+
+
+class GoneError(ServiceError):
+    status = 410
+    code = "gone"
+
+
+class TimeoutError_(ServiceError):
+    status = 504
+    code = "timeout"
+
+
+class ServiceUnavailableError(ServiceError):
+    status = 503
+    code = "stream_unavailable"

@@ -1,0 +1,229 @@
+"""Running, inspecting, stopping and resuming workflow runs (the service API's behaviour)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from flask import current_app
+from sqlalchemy import select
+
+from api.configs import AppConfig
+from api.core.app.apps import run_store
+from api.core.app.apps.topics import workflow_run_topic
+from api.core.durable_stream import CLOSED, DurableStreamError, DurableStreamTopic, TopicSealedError
+from api.core.workflow import Graph
+from api.core.workflow.engine import finished_event
+from api.core.workflow.errors import NodeRunError
+from api.core.workflow.events import make_event
+from api.core.workflow.nodes import validate_form
+from api.extensions.ext_database import db
+from api.extensions.ext_durable_stream import durable_stream
+from api.models import App, WorkflowRun, WorkflowRunStatus
+
+from .errors import ConflictError, InvalidParamError, NotFoundError, ServiceUnavailableError, TimeoutError_
+
+RESPONSE_MODES = ("blocking", "async")
+LEASE_EXPIRED_ERROR = "the worker executing this run stopped responding (lease expired)"
+
+
+def _config() -> AppConfig:
+    config: AppConfig = current_app.config["APP_CONFIG"]
+    return config
+
+
+def run_topic(app: App, run: WorkflowRun) -> DurableStreamTopic:
+    return durable_stream().topic(workflow_run_topic(app.mode, run.id))
+
+
+def parse_run_request(app: App, payload: Any) -> tuple[dict[str, Any], str, str]:
+    """Validate ``{"inputs", "user", "response_mode"}``; return them."""
+    if not isinstance(payload, Mapping):
+        raise InvalidParamError("the request body must be a JSON object")
+    inputs = payload.get("inputs", {})
+    user = payload.get("user")
+    mode = payload.get("response_mode", "blocking")
+    if not isinstance(inputs, Mapping):
+        raise InvalidParamError("'inputs' must be an object")
+    if not isinstance(user, str) or not user.strip():
+        raise InvalidParamError("'user' is required")
+    if mode not in RESPONSE_MODES:
+        raise InvalidParamError(f"'response_mode' must be one of {', '.join(RESPONSE_MODES)}")
+    start = Graph(app.graph).start
+    for variable in start.config.get("variables", []):
+        if variable.get("required", False) and variable["name"] not in inputs and "default" not in variable:
+            raise InvalidParamError(f"input {variable['name']!r} is required")
+    return dict(inputs), user, mode
+
+
+def create_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
+    run = WorkflowRun(app_id=app.id, end_user=user, inputs_json=json.dumps(inputs))
+    db.session.add(run)
+    db.session.commit()
+    return run
+
+
+def dispatch(run: WorkflowRun, resume_form: Mapping[str, Any] | None = None) -> None:
+    """Queue the run's next execution attempt on this app's Celery instance."""
+    celery_app = current_app.extensions["celery"]
+    queue = _config().CELERY_QUEUE
+    try:
+        if resume_form is None:
+            celery_app.send_task("workflow_based_app_execution_task", args=[run.id], queue=queue)
+        else:
+            celery_app.send_task("resume_app_execution", args=[run.id, dict(resume_form)], queue=queue)
+    except Exception as exc:  # the broker is the only thing that can fail here
+        run_store.finish(run.id, "failed", outputs=None, error="could not dispatch the run", steps=0)
+        raise ServiceUnavailableError("the task queue is unavailable", code="queue_unavailable") from exc
+
+
+def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
+    """Dispatch and wait for the run to finish or pause, reading its own event stream."""
+    topic = run_topic(app, run)
+    deadline = time.monotonic() + _config().BLOCKING_RESPONSE_TIMEOUT
+    try:
+        # Subscribe before dispatching: the run cannot get ahead of the reader.
+        with topic.subscribe_from_tail() as subscription:
+            dispatch(run)
+            while (remaining := deadline - time.monotonic()) > 0:
+                record = subscription.receive(timeout=min(remaining, 1.0))
+                if record is CLOSED:
+                    break
+                if record is None:
+                    continue
+                event = json.loads(record.payload)
+                if event["event"] in ("workflow_finished", "workflow_paused"):
+                    break
+            else:
+                raise TimeoutError_("the run did not finish in time; it goes on in the background")
+    except DurableStreamError as exc:
+        raise ServiceUnavailableError(f"the event stream is unavailable: {exc}") from exc
+    db.session.refresh(run)
+    return blocking_response(run)
+
+
+def blocking_response(run: WorkflowRun) -> dict[str, Any]:
+    return {"workflow_run_id": run.id, "task_id": run.task_id, "data": run_detail(run)}
+
+
+def run_detail(run: WorkflowRun) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "workflow_id": run.app_id,
+        "status": run.status,
+        "inputs": run.inputs,
+        "outputs": run.outputs,
+        "error": run.error,
+        "total_steps": run.total_steps,
+        "elapsed_time": round(run.elapsed_time, 6),
+        "created_at": int(run.created_at.timestamp()),
+        "finished_at": int(run.finished_at.timestamp()) if run.finished_at else None,
+    }
+
+
+def get_run(app: App, run_id: str, user: str | None) -> WorkflowRun:
+    run = db.session.get(WorkflowRun, run_id)
+    if run is None or run.app_id != app.id or (user is not None and run.end_user != user):
+        raise NotFoundError("workflow run not found", code="workflow_run_not_found")
+    return run
+
+
+def get_run_by_task(app: App, task_id: str, user: str | None) -> WorkflowRun:
+    run = db.session.execute(select(WorkflowRun).where(WorkflowRun.task_id == task_id)).scalar_one_or_none()
+    if run is None or run.app_id != app.id or (user is not None and run.end_user != user):
+        raise NotFoundError("task not found", code="task_not_found")
+    return run
+
+
+def stop_run(app: App, task_id: str, user: str) -> None:
+    """Stop a run owned by ``user``. Idempotent; a paused run is ended here, a running one by its worker."""
+    run = get_run_by_task(app, task_id, user)
+    if run.run_status.is_terminal:
+        return
+    run_store.request_stop(run.id)
+    if run.status == WorkflowRunStatus.PAUSED.value and run_store.finish(
+        run.id, "stopped", outputs=None, error="stopped by user", steps=run.total_steps, expected="paused"
+    ):
+        db.session.refresh(run)
+        _end_topic(app, run, status="stopped", error="stopped by user")
+
+
+def submit_human_input(app: App, run_id: str, payload: Any) -> WorkflowRun:
+    if not isinstance(payload, Mapping):
+        raise InvalidParamError("the request body must be a JSON object")
+    user, form = payload.get("user"), payload.get("inputs", {})
+    if not isinstance(user, str) or not user.strip():
+        raise InvalidParamError("'user' is required")
+    if not isinstance(form, Mapping):
+        raise InvalidParamError("'inputs' must be an object")
+    run = get_run(app, run_id, user)
+    if run.status != WorkflowRunStatus.PAUSED.value:
+        raise ConflictError(f"the run is {run.status}, not paused", code="workflow_not_paused")
+    node = Graph(app.graph).nodes[run.state_after_pause()["node_id"]]
+    try:
+        validate_form(node, form)
+    except NodeRunError as exc:
+        raise InvalidParamError(str(exc)) from exc
+    if not run_store.resume(run.id):
+        raise ConflictError("the run was resumed or stopped concurrently", code="workflow_not_paused")
+    dispatch(run, resume_form=form)
+    db.session.refresh(run)
+    return run
+
+
+def check_lease(app: App, run: WorkflowRun) -> bool:
+    """End a run whose worker died: if its lease expired and it still runs, publish a failed end.
+
+    The conditional row update decides who wins when several API processes check at once; the
+    loser (or a worker that comes back late) finds the topic sealed. Returns whether this call ended it.
+    """
+    if run.status != WorkflowRunStatus.RUNNING.value or run.lease_expires_at is None:
+        return False
+    if run.lease_expires_at >= time.time():
+        return False
+    if not run_store.fail_if_lease_expired(run.id, LEASE_EXPIRED_ERROR):
+        return False
+    db.session.refresh(run)
+    _end_topic(app, run, status="failed", error=LEASE_EXPIRED_ERROR)
+    return True
+
+
+def reap_expired_runs() -> int:
+    """Run :func:`check_lease` over every running run with an expired lease."""
+    rows = db.session.execute(
+        select(WorkflowRun, App)
+        .join(App, App.id == WorkflowRun.app_id)
+        .where(WorkflowRun.status == WorkflowRunStatus.RUNNING.value, WorkflowRun.lease_expires_at < time.time())
+    ).all()
+    return sum(1 for run, app in rows if check_lease(app, run))
+
+
+def _end_topic(app: App, run: WorkflowRun, *, status: str, error: str) -> None:
+    topic = run_topic(app, run)
+    producer = topic.as_producer()
+    created_at = run.created_at.timestamp()
+    with contextlib.suppress(TopicSealedError):
+        info = durable_stream().admin.topic_info(workflow_run_topic(app.mode, run.id))
+        if info is None or info.last_ordinal == 0:
+            started = make_event(
+                "workflow_started",
+                task_id=run.task_id,
+                workflow_run_id=run.id,
+                data={"id": run.id, "workflow_id": app.id, "inputs": run.inputs, "created_at": int(created_at)},
+            )
+            producer.append(json.dumps(started, separators=(",", ":")).encode())
+        event = finished_event(
+            task_id=run.task_id,
+            workflow_run_id=run.id,
+            app_id=app.id,
+            status=status,
+            outputs=None,
+            error=error,
+            steps=run.total_steps,
+            created_at=created_at,
+        )
+        producer.append(json.dumps(event, separators=(",", ":")).encode())
+    topic.seal()

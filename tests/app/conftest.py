@@ -1,0 +1,120 @@
+"""Fixtures for the app tests: real Celery workers on a Redis broker, SQLite or PostgreSQL data."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from api.app_factory import create_app
+from api.configs import AppConfig
+from api.core.app.apps.topics import workflow_run_topic
+from api.extensions.ext_durable_stream import durable_stream
+from tests.support.processes import ROOT, Worker, running_worker
+
+BROKER_URL = "redis://127.0.0.1:6379/0"
+
+
+def base_env(var_dir: pathlib.Path, **overrides: Any) -> dict[str, str]:
+    env = {
+        "VAR_DIR": str(var_dir),
+        "SQLALCHEMY_DATABASE_URI": f"sqlite:///{var_dir / 'app.db'}",
+        "DURABLE_STREAM_URL": f"sqlite:///{var_dir / 'streams.db'}",
+        "CELERY_BROKER_URL": BROKER_URL,
+        "CELERY_QUEUE": f"test-{uuid.uuid4().hex[:12]}",
+        "WORKFLOW_LLM_TOKEN_DELAY": "0.001",
+        "WORKFLOW_LEASE_TTL": "3",
+        "WORKFLOW_STOP_CHECK_INTERVAL": "0.05",
+        "APP_MAX_EXECUTION_TIME": "120",
+        "SECRET_KEY": "test-secret",
+    }
+    env.update({key: str(value) for key, value in overrides.items()})
+    return env
+
+
+class AppHarness:
+    """The API in-process (Flask test client) plus a real worker process, sharing one environment."""
+
+    def __init__(self, env: dict[str, str], worker: Worker | None) -> None:
+        self.env = env
+        self.worker = worker
+        self.app: Flask = create_app(AppConfig(**env))  # type: ignore[arg-type]
+        self.client: FlaskClient = self.app.test_client()
+
+    def create_app(self, definition: dict[str, Any] | str = "greeting") -> dict[str, str]:
+        if isinstance(definition, str):
+            definition = json.loads((ROOT / "examples" / f"{definition}.json").read_text())
+        path = pathlib.Path(self.env["VAR_DIR"]) / f"app-{uuid.uuid4().hex}.json"
+        path.write_text(json.dumps(definition))
+        result = self.app.test_cli_runner().invoke(args=["create-app", "--file", str(path)])
+        assert result.exit_code == 0, result.output
+        created: dict[str, str] = json.loads(result.output)
+        return created
+
+    def post(self, path: str, key: str, body: Any) -> Any:
+        return self.client.post(path, json=body, headers={"Authorization": f"Bearer {key}"})
+
+    def get(self, path: str, key: str) -> Any:
+        return self.client.get(path, headers={"Authorization": f"Bearer {key}"})
+
+    def events(self, run_id: str, mode: str = "workflow") -> list[dict[str, Any]]:
+        """Every retained event of a run, read from its topic (without waiting)."""
+        with self.app.app_context():
+            topic = durable_stream().topic(workflow_run_topic(mode, run_id))
+            events = []
+            with topic.subscribe_from_beginning() as subscription:
+                while True:
+                    record = subscription.receive(timeout=0)
+                    if record is None or not hasattr(record, "payload"):
+                        break
+                    events.append(json.loads(record.payload))
+            return events
+
+    def topic_info(self, run_id: str, mode: str = "workflow") -> Any:
+        with self.app.app_context():
+            return durable_stream().admin.topic_info(workflow_run_topic(mode, run_id))
+
+    def close(self) -> None:
+        with self.app.app_context():
+            self.app.extensions["durable_stream"].close()
+
+
+@pytest.fixture(scope="module")
+def module_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return base_env(tmp_path_factory.mktemp("app"))
+
+
+@pytest.fixture(scope="module")
+def harness(module_env: dict[str, str]) -> Iterator[AppHarness]:
+    log = pathlib.Path(module_env["VAR_DIR"]) / "worker.log"
+    with running_worker(module_env, log) as worker:
+        harness = AppHarness(module_env, worker)
+        yield harness
+        harness.close()
+
+
+@pytest.fixture
+def make_harness(tmp_path: pathlib.Path) -> Iterator[Callable[..., AppHarness]]:
+    """A harness with its own environment and worker, for tests that change settings or kill workers."""
+    opened: list[tuple[AppHarness, Any]] = []
+
+    def make(start_worker: bool = True, **overrides: Any) -> AppHarness:
+        env = base_env(tmp_path / uuid.uuid4().hex[:8], **overrides)
+        pathlib.Path(env["VAR_DIR"]).mkdir(parents=True)
+        context = running_worker(env, pathlib.Path(env["VAR_DIR"]) / "worker.log") if start_worker else None
+        worker = context.__enter__() if context is not None else None
+        harness = AppHarness(env, worker)
+        opened.append((harness, context))
+        return harness
+
+    yield make
+    for harness, context in opened:
+        harness.close()
+        if context is not None:
+            context.__exit__(None, None, None)

@@ -1,0 +1,144 @@
+"""The workflow engine on its own: graph validation, node behaviour, event order, pause and resume."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from typing import Any
+
+import pytest
+
+from api.core.workflow import Graph, WorkflowDefinitionError, WorkflowEngine
+from api.core.workflow.engine import ResumePoint
+from tests.support.processes import ROOT
+
+GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())["graph"]
+
+
+def run_engine(
+    graph: dict[str, Any], inputs: dict[str, Any], **kwargs: Any
+) -> tuple[WorkflowEngine, list[dict[str, Any]]]:
+    engine = WorkflowEngine(
+        Graph(graph),
+        app_id="app",
+        task_id="task",
+        workflow_run_id="run",
+        inputs=inputs,
+        user="u",
+        created_at=time.time(),
+        token_delay=0,
+        **kwargs,
+    )
+    return engine, list(engine.run())
+
+
+def names(events: list[dict[str, Any]]) -> list[str]:
+    return [event["event"] for event in events]
+
+
+def test_linear_run_emits_events_in_order_with_the_app_shape() -> None:
+    engine, events = run_engine(GREETING, {"name": "Ada"})
+    assert names(events)[0] == "workflow_started" and names(events)[-1] == "workflow_finished"
+    assert all(set(event) == {"event", "task_id", "workflow_run_id", "data"} for event in events)
+    assert [e["data"]["node_id"] for e in events if e["event"] == "node_started"] == [
+        "start",
+        "draft",
+        "is_long",
+        "casual_end",
+    ]
+    chunks = "".join(e["data"]["text"] for e in events if e["event"] == "text_chunk")
+    assert chunks == "Hello Ada! It is a wonderful day to build durable streams together."
+    assert len([e for e in events if e["event"] == "text_chunk"]) > 5
+    finished = events[-1]["data"]
+    assert finished["status"] == "succeeded" and finished["outputs"] == {"greeting": chunks}
+    assert engine.outcome is not None and engine.outcome.status == "succeeded"
+
+
+def test_if_else_takes_the_true_branch_and_pauses_for_human_input() -> None:
+    engine, events = run_engine(GREETING, {"name": "Ada", "mood": "formal"})
+    assert names(events)[-2:] == ["human_input_required", "workflow_paused"]
+    assert events[-2]["data"]["form"][0]["name"] == "approved"
+    assert engine.outcome is not None and engine.outcome.status == "paused"
+    state = json.loads(json.dumps(engine.outcome.state))  # the state survives a trip through the database
+
+    _resumed, more = run_engine(
+        GREETING, {"name": "Ada", "mood": "formal"}, resume=ResumePoint(state, {"approved": True})
+    )
+    assert names(more)[0] == "node_finished" and more[0]["data"]["node_id"] == "approve"
+    assert "workflow_started" not in names(more)
+    assert more[-1]["data"]["status"] == "succeeded"
+    assert more[-1]["data"]["outputs"]["greeting"].endswith("(approved: true)")
+
+
+def test_invalid_human_input_fails_the_run() -> None:
+    engine, _events = run_engine(GREETING, {"name": "Ada", "mood": "formal"})
+    assert engine.outcome is not None
+    _, more = run_engine(GREETING, {}, resume=ResumePoint(engine.outcome.state or {}, {"approved": "yes"}))
+    assert more[-1]["data"]["status"] == "failed" and "approved" in more[-1]["data"]["error"]
+
+
+def test_a_failing_model_fails_the_run_through_the_event_path() -> None:
+    graph = copy.deepcopy(GREETING)
+    graph["nodes"][1]["error_after_tokens"] = 3
+    graph["nodes"][1]["error"] = "model overloaded"
+    _, events = run_engine(graph, {"name": "Ada"})
+    assert len([e for e in events if e["event"] == "text_chunk"]) == 3
+    assert events[-2]["event"] == "node_finished" and events[-2]["data"]["status"] == "failed"
+    assert events[-1]["data"]["status"] == "failed" and events[-1]["data"]["error"] == "model overloaded"
+
+
+def test_a_stop_request_ends_the_run_between_tokens() -> None:
+    calls = {"n": 0}
+
+    def should_stop() -> str | None:
+        calls["n"] += 1
+        return "stopped by user" if calls["n"] > 4 else None
+
+    _, events = run_engine(GREETING, {"name": "Ada"}, should_stop=should_stop)
+    assert events[-1]["data"]["status"] == "stopped" and events[-1]["data"]["error"] == "stopped by user"
+
+
+def test_missing_variables_fail_the_node() -> None:
+    graph = copy.deepcopy(GREETING)
+    graph["nodes"][1]["response"] = "{{nowhere.value}}"
+    _, events = run_engine(graph, {"name": "Ada"})
+    assert events[-1]["data"]["status"] == "failed" and "nowhere.value" in events[-1]["data"]["error"]
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda g: g["nodes"].append({"id": "start2", "type": "start"}), "exactly one 'start'"),
+        (lambda g: g["nodes"].append({"id": "x", "type": "teleport"}), "unknown type"),
+        (lambda g: g["edges"].append({"source": "final", "target": "draft"}), "two successors"),
+        (lambda g: g["edges"].pop(0), "no successor"),
+        (lambda g: g["edges"].append({"source": "formal_end", "target": "draft"}), "cannot have a successor"),
+        (lambda g: g["nodes"][1].pop("prompt"), "needs 'prompt'"),
+        (lambda g: g["edges"][2].pop("source_handle"), "source_handle"),
+    ],
+)
+def test_invalid_graphs_are_refused(mutate: Any, message: str) -> None:
+    graph = copy.deepcopy(GREETING)
+    mutate(graph)
+    with pytest.raises(WorkflowDefinitionError, match=message):
+        Graph(graph)
+
+
+def test_cycles_are_refused() -> None:
+    graph = {
+        "nodes": [
+            {"id": "s", "type": "start"},
+            {"id": "a", "type": "template", "template": "x"},
+            {"id": "b", "type": "if_else", "conditions": []},
+            {"id": "e", "type": "end", "outputs": {}},
+        ],
+        "edges": [
+            {"source": "s", "target": "a"},
+            {"source": "a", "target": "b"},
+            {"source": "b", "source_handle": "true", "target": "a"},
+            {"source": "b", "source_handle": "false", "target": "e"},
+        ],
+    }
+    with pytest.raises(WorkflowDefinitionError, match="cycle"):
+        Graph(graph)

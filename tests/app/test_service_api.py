@@ -1,0 +1,284 @@
+"""The service API end to end: Flask in-process, a real Celery worker process, Redis as broker."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.app.conftest import AppHarness
+from tests.support.processes import ROOT
+
+GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
+
+
+def slow_greeting(delay: float = 0.05, tokens: int = 200) -> dict[str, Any]:
+    definition = copy.deepcopy(GREETING)
+    definition["name"] = "Slow greeting"
+    definition["graph"]["nodes"][1]["response"] = " ".join(f"word{i}" for i in range(tokens))
+    definition["graph"]["nodes"][1]["token_delay"] = delay
+    return definition
+
+
+def wait_for_status(
+    harness: AppHarness, key: str, run_id: str, user: str, statuses: set[str], timeout: float = 30
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        response = harness.get(f"/v1/workflows/run/{run_id}?user={user}", key)
+        assert response.status_code == 200, response.json
+        if response.json["status"] in statuses:
+            return dict(response.json)
+        assert time.monotonic() < deadline, f"run stayed {response.json['status']}"
+        time.sleep(0.05)
+
+
+def wait_for_events(
+    harness: AppHarness, run_id: str, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 30
+) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        events = harness.events(run_id)
+        if predicate(events):
+            return events
+        assert time.monotonic() < deadline, f"events never matched; last: {[e['event'] for e in events][-5:]}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def greeting(harness: AppHarness) -> dict[str, str]:
+    return harness.create_app("greeting")
+
+
+def test_create_app_command_prints_the_api_key(harness: AppHarness) -> None:
+    created = harness.create_app("greeting")
+    assert created["api_key"].startswith("app-") and created["name"] == "Greeting with approval"
+
+
+def test_create_app_refuses_an_invalid_workflow(harness: AppHarness, tmp_path: Any) -> None:
+    broken = copy.deepcopy(GREETING)
+    broken["graph"]["edges"] = []
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(broken))
+    result = harness.app.test_cli_runner().invoke(args=["create-app", "--file", str(path)])
+    assert result.exit_code != 0 and "invalid workflow" in result.output
+
+
+def test_blocking_run_returns_the_final_outputs(harness: AppHarness, greeting: dict[str, str]) -> None:
+    response = harness.post(
+        "/v1/workflows/run", greeting["api_key"], {"inputs": {"name": "Ada"}, "user": "u1", "response_mode": "blocking"}
+    )
+    assert response.status_code == 200, response.json
+    body = response.json
+    assert body["data"]["status"] == "succeeded"
+    assert body["data"]["outputs"] == {
+        "greeting": "Hello Ada! It is a wonderful day to build durable streams together."
+    }
+    events = harness.events(body["workflow_run_id"])
+    assert events[0]["event"] == "workflow_started" and events[-1]["event"] == "workflow_finished"
+    assert {e["task_id"] for e in events} == {body["task_id"]}
+    info = harness.topic_info(body["workflow_run_id"])
+    assert info.sealed and info.length == len(events)
+
+
+def test_async_run_returns_ids_at_once_and_finishes_in_the_background(
+    harness: AppHarness, greeting: dict[str, str]
+) -> None:
+    response = harness.post(
+        "/v1/workflows/run", greeting["api_key"], {"inputs": {"name": "Bo"}, "user": "u1", "response_mode": "async"}
+    )
+    assert response.status_code == 202
+    run_id, task_id = response.json["workflow_run_id"], response.json["task_id"]
+    assert run_id != task_id
+    detail = wait_for_status(harness, greeting["api_key"], run_id, "u1", {"succeeded"})
+    assert detail["outputs"]["greeting"].startswith("Hello Bo!") and detail["finished_at"] is not None
+    assert detail["inputs"] == {"name": "Bo"} and detail["total_steps"] == 4
+
+
+def test_authentication_errors(harness: AppHarness) -> None:
+    body = {"inputs": {"name": "x"}, "user": "u1"}
+    missing = harness.client.post("/v1/workflows/run", json=body)
+    assert missing.status_code == 401 and missing.json["code"] == "unauthorized" and missing.json["status"] == 401
+    wrong = harness.post("/v1/workflows/run", "app-not-a-key", body)
+    assert wrong.status_code == 401 and set(wrong.json) == {"code", "message", "status"}
+    basic = harness.client.post("/v1/workflows/run", json=body, headers={"Authorization": "Basic abc"})
+    assert basic.status_code == 401
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        None,
+        [],
+        {"inputs": {"name": "x"}},
+        {"inputs": "x", "user": "u"},
+        {"inputs": {}, "user": "u"},
+        {"inputs": {"name": "x"}, "user": "u", "response_mode": "carrier-pigeon"},
+    ],
+)
+def test_malformed_requests_are_400(harness: AppHarness, greeting: dict[str, str], body: Any) -> None:
+    if body is None:
+        response = harness.client.post(
+            "/v1/workflows/run",
+            data="{not json",
+            headers={"Authorization": f"Bearer {greeting['api_key']}", "Content-Type": "application/json"},
+        )
+    else:
+        response = harness.post("/v1/workflows/run", greeting["api_key"], body)
+    assert response.status_code == 400 and response.json["code"] == "invalid_param"
+
+
+def test_runs_of_other_apps_and_other_users_are_404(harness: AppHarness, greeting: dict[str, str]) -> None:
+    other_app = harness.create_app("greeting")
+    run = harness.post("/v1/workflows/run", greeting["api_key"], {"inputs": {"name": "Cy"}, "user": "owner"}).json
+    run_id, task_id = run["workflow_run_id"], run["task_id"]
+    assert harness.get(f"/v1/workflows/run/{run_id}?user=owner", greeting["api_key"]).status_code == 200
+    for key, user in ((other_app["api_key"], "owner"), (greeting["api_key"], "intruder")):
+        response = harness.get(f"/v1/workflows/run/{run_id}?user={user}", key)
+        assert response.status_code == 404 and response.json["code"] == "workflow_run_not_found"
+        stop = harness.post(f"/v1/workflows/tasks/{task_id}/stop", key, {"user": user})
+        assert stop.status_code == 404
+        resume = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": user, "inputs": {}})
+        assert resume.status_code == 404
+    assert harness.get(f"/v1/workflows/run/{run_id}", greeting["api_key"]).status_code == 400  # user is required
+    assert harness.get("/v1/workflows/run/nope?user=owner", greeting["api_key"]).status_code == 404
+
+
+def test_stop_a_running_run(harness: AppHarness) -> None:
+    app = harness.create_app(slow_greeting())
+    key = app["api_key"]
+    run = harness.post(
+        "/v1/workflows/run", key, {"inputs": {"name": "Di"}, "user": "u1", "response_mode": "async"}
+    ).json
+    wait_for_events(harness, run["workflow_run_id"], lambda es: any(e["event"] == "text_chunk" for e in es))
+    stopped = harness.post(f"/v1/workflows/tasks/{run['task_id']}/stop", key, {"user": "u1"})
+    assert stopped.status_code == 200 and stopped.json == {"result": "success"}
+    detail = wait_for_status(harness, key, run["workflow_run_id"], "u1", {"stopped"}, timeout=15)
+    assert detail["error"] == "stopped by user"
+    events = harness.events(run["workflow_run_id"])
+    assert events[-1]["event"] == "workflow_finished" and events[-1]["data"]["status"] == "stopped"
+    assert harness.topic_info(run["workflow_run_id"]).sealed
+    again = harness.post(f"/v1/workflows/tasks/{run['task_id']}/stop", key, {"user": "u1"})
+    assert again.status_code == 200  # idempotent
+
+
+def test_pause_and_resume_with_human_input(harness: AppHarness, greeting: dict[str, str]) -> None:
+    key = greeting["api_key"]
+    paused = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Eve", "mood": "formal"}, "user": "u2"}).json
+    assert paused["data"]["status"] == "paused"
+    run_id = paused["workflow_run_id"]
+    events = harness.events(run_id)
+    assert [e["event"] for e in events][-2:] == ["human_input_required", "workflow_paused"]
+    assert not harness.topic_info(run_id).sealed, "a pause must not seal the topic"
+
+    bad = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u2", "inputs": {"approved": "yes"}})
+    assert bad.status_code == 400
+    ok = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u2", "inputs": {"approved": True}})
+    assert ok.status_code == 200 and ok.json["task_id"] == paused["task_id"]
+    detail = wait_for_status(harness, key, run_id, "u2", {"succeeded"})
+    assert detail["outputs"]["greeting"].endswith("(approved: true)")
+    events = harness.events(run_id)
+    names = [e["event"] for e in events]
+    assert names.count("workflow_started") == 1 and names.count("workflow_paused") == 1
+    assert names[-1] == "workflow_finished" and harness.topic_info(run_id).sealed
+    late = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u2", "inputs": {"approved": True}})
+    assert late.status_code == 409 and late.json["code"] == "workflow_not_paused"
+
+
+def test_stopping_a_paused_run_ends_it_in_the_api(harness: AppHarness, greeting: dict[str, str]) -> None:
+    key = greeting["api_key"]
+    paused = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Fay", "mood": "formal"}, "user": "u3"}).json
+    assert harness.post(f"/v1/workflows/tasks/{paused['task_id']}/stop", key, {"user": "u3"}).status_code == 200
+    detail = wait_for_status(harness, key, paused["workflow_run_id"], "u3", {"stopped"}, timeout=5)
+    assert detail["status"] == "stopped"
+    events = harness.events(paused["workflow_run_id"])
+    assert events[-1]["data"]["status"] == "stopped" and harness.topic_info(paused["workflow_run_id"]).sealed
+
+
+def test_a_failing_node_fails_the_run_and_seals(harness: AppHarness) -> None:
+    definition = copy.deepcopy(GREETING)
+    definition["graph"]["nodes"][1].update({"error_after_tokens": 2, "error": "model overloaded"})
+    key = harness.create_app(definition)["api_key"]
+    body = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Gus"}, "user": "u1"}).json
+    assert body["data"]["status"] == "failed" and body["data"]["error"] == "model overloaded"
+    events = harness.events(body["workflow_run_id"])
+    assert events[-1]["data"]["status"] == "failed" and harness.topic_info(body["workflow_run_id"]).sealed
+
+
+def test_watchdog_timeout_stops_the_run(make_harness: Callable[..., AppHarness]) -> None:
+    harness = make_harness(APP_MAX_EXECUTION_TIME=1)
+    key = harness.create_app(slow_greeting(delay=0.05, tokens=400))["api_key"]
+    started = time.monotonic()
+    body = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Hal"}, "user": "u1"}).json
+    assert time.monotonic() - started < 10
+    assert body["data"]["status"] == "stopped" and "timed out" in body["data"]["error"]
+    events = harness.events(body["workflow_run_id"])
+    assert events[-1]["data"]["status"] == "stopped" and harness.topic_info(body["workflow_run_id"]).sealed
+
+
+def test_a_killed_worker_is_caught_by_the_lease(make_harness: Callable[..., AppHarness]) -> None:
+    from api.extensions.ext_database import db
+    from api.models import App, WorkflowRun
+    from api.services import workflow_run_service
+
+    ttl = 3.0
+    harness = make_harness(WORKFLOW_LEASE_TTL=ttl)
+    key = harness.create_app(slow_greeting(delay=0.05, tokens=2000))["api_key"]
+    run = harness.post(
+        "/v1/workflows/run", key, {"inputs": {"name": "Ivy"}, "user": "u1", "response_mode": "async"}
+    ).json
+    run_id = run["workflow_run_id"]
+    wait_for_events(harness, run_id, lambda es: any(e["event"] == "text_chunk" for e in es))
+    assert harness.worker is not None
+    harness.worker.kill()
+    killed_at = time.monotonic()
+    assert not harness.topic_info(run_id).sealed
+
+    ended = False
+    while not ended:
+        assert time.monotonic() - killed_at < ttl + 2, "the expired lease was not noticed within the TTL"
+        with harness.app.app_context():
+            run_row = db.session.get(WorkflowRun, run_id)
+            app_row = db.session.get(App, run_row.app_id)
+            ended = workflow_run_service.check_lease(app_row, run_row)
+            db.session.remove()
+        time.sleep(0.1)
+    events = harness.events(run_id)
+    assert events[-1]["event"] == "workflow_finished" and events[-1]["data"]["status"] == "failed"
+    assert "lease expired" in events[-1]["data"]["error"]
+    assert harness.topic_info(run_id).sealed
+    detail = wait_for_status(harness, key, run_id, "u1", {"failed"}, timeout=1)
+    assert detail["error"].startswith("the worker executing this run stopped responding")
+    with harness.app.app_context():  # a second check (another API process) changes nothing
+        run_row = db.session.get(WorkflowRun, run_id)
+        assert workflow_run_service.check_lease(db.session.get(App, run_row.app_id), run_row) is False
+
+
+def test_postgresql_as_the_app_database(make_harness: Callable[..., AppHarness]) -> None:
+    import uuid
+
+    import psycopg
+
+    schema = f"app_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as connection:
+        connection.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        uri = f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
+        harness = make_harness(SQLALCHEMY_DATABASE_URI=uri)
+        key = harness.create_app("greeting")["api_key"]
+        paused = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Jo", "mood": "formal"}, "user": "u"}).json
+        assert paused["data"]["status"] == "paused"
+        run_id = paused["workflow_run_id"]
+        resumed = harness.post(
+            f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u", "inputs": {"approved": False}}
+        )
+        assert resumed.status_code == 200
+        detail = wait_for_status(harness, key, run_id, "u", {"succeeded"})
+        assert detail["outputs"]["greeting"].endswith("(approved: false)")
+    finally:
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as connection:
+            connection.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -1,0 +1,99 @@
+"""Starting and stopping the real processes the app tests run against (Celery workers, gunicorn)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = pathlib.Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def process_env(overrides: Mapping[str, str]) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key != "EXPECT_GEVENT"}
+    env.update(overrides)
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+class Worker:
+    """A real ``celery worker`` process (thread pool) consuming the test's queue."""
+
+    def __init__(self, env: Mapping[str, str], log_path: pathlib.Path, concurrency: int = 4) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115  (closed in stop())
+        queue = env["CELERY_QUEUE"]
+        self.process = subprocess.Popen(
+            [
+                str(BIN / "celery"),
+                "-A",
+                "api.celery_entrypoint:celery",
+                "worker",
+                "--pool",
+                "threads",
+                "-c",
+                str(concurrency),
+                "-Q",
+                queue,
+                "-n",
+                f"{queue}-{time.monotonic_ns()}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "info",
+            ],
+            cwd=ROOT,
+            env=process_env(env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the worker exited early:\n{self.log_path.read_text()[-3000:]}")
+            if b" ready." in self.log_path.read_bytes():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"the worker did not become ready:\n{self.log_path.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: the worker dies without a word, as on an OOM kill."""
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+
+@contextlib.contextmanager
+def running_worker(env: Mapping[str, str], log_path: pathlib.Path, concurrency: int = 4) -> Iterator[Worker]:
+    worker = Worker(env, log_path, concurrency)
+    try:
+        worker.wait_ready()
+        yield worker
+    finally:
+        worker.stop()
