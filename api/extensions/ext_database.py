@@ -7,6 +7,7 @@ from typing import Any
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import event
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase
 
 from api.configs import AppConfig
@@ -34,7 +35,10 @@ def init_app(app: Flask, config: AppConfig) -> None:
         import api.models  # noqa: F401  (registers the tables)
 
         # Tables are created on start-up; the schema is small and only ever grows by new tables.
-        db.create_all()
+        try:
+            db.create_all()
+        except OperationalError:  # another process created them at the same moment
+            db.create_all()
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -1,0 +1,84 @@
+"""``make run``'s script on the embedded defaults: gunicorn with gevent workers, a Celery worker on the
+filesystem broker, SQLite for data and streams; no external service."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from tests.support.processes import BIN, ROOT, free_port, process_env
+
+
+@pytest.fixture
+def served(tmp_path: pathlib.Path) -> Iterator[tuple[str, dict[str, str]]]:
+    port = free_port()
+    env = process_env({"VAR_DIR": str(tmp_path), "PORT": str(port), "WORKFLOW_LLM_TOKEN_DELAY": "0.001"})
+    for name in ("SQLALCHEMY_DATABASE_URI", "DURABLE_STREAM_URL", "CELERY_BROKER_URL", "CELERY_QUEUE"):
+        env.pop(name, None)
+    log = open(tmp_path / "run.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        [str(ROOT / "bin" / "run")], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, (tmp_path / "run.log").read_text()
+            try:
+                requests.get(f"{base}/v1/workflows/run/x", timeout=1)
+                break
+            except (requests.ConnectionError, requests.Timeout):
+                assert time.monotonic() < deadline, "the API did not come up"
+                time.sleep(0.1)
+        yield base, env
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+def test_embedded_defaults_serve_a_blocking_and_an_async_run(served: tuple[str, dict[str, str]]) -> None:
+    base, env = served
+    created = subprocess.run(
+        [str(BIN / "flask"), "--app", "api.app", "create-app", "--file", "examples/greeting.json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    key = json.loads(created.stdout)["api_key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    blocking = requests.post(
+        f"{base}/v1/workflows/run", json={"inputs": {"name": "Ada"}, "user": "me"}, headers=headers, timeout=60
+    )
+    assert blocking.status_code == 200, blocking.text
+    assert blocking.json()["data"]["status"] == "succeeded"
+    started = requests.post(
+        f"{base}/v1/workflows/run",
+        json={"inputs": {"name": "Bo"}, "user": "me", "response_mode": "async"},
+        headers=headers,
+        timeout=10,
+    ).json()
+    deadline = time.monotonic() + 60
+    while True:
+        detail = requests.get(
+            f"{base}/v1/workflows/run/{started['workflow_run_id']}?user=me", headers=headers, timeout=10
+        ).json()
+        if detail["status"] == "succeeded":
+            break
+        assert time.monotonic() < deadline, detail
+        time.sleep(0.1)
+    assert (pathlib.Path(env["VAR_DIR"]) / "streams.db").exists() and (pathlib.Path(env["VAR_DIR"]) / "app.db").exists()
