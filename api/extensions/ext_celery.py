@@ -27,12 +27,13 @@ def init_app(app: Flask, config: AppConfig) -> Celery:
     }
     if config.CELERY_BROKER_URL.startswith("filesystem"):
         folder = config.broker_folder()
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         settings["broker_transport_options"] = {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
             "store_processed": False,
             "polling_interval": 0.1,
         }
