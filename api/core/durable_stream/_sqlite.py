@@ -1,0 +1,650 @@
+"""SQLite adapter: an embedded, durable store shared by every process that opens the same file.
+
+Capability card
+---------------
+- URL: ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (percent-escapes are
+  decoded; missing parent directories are created). ``:memory:`` is refused: use ``memory://``.
+- Options:
+  ``max_records`` (int >= 1; applied inside each append's transaction, and by ``enforce_retention()``),
+  ``max_age_seconds`` (float; applied by ``admin.enforce_retention()``: drops records older than this and
+  whole topics with no activity for this long, so their old cursors fail by epoch),
+  ``synchronous`` (``full``, the default, or ``normal``), ``busy_timeout`` (seconds to wait for another
+  writer's lock, default 30), ``poll_interval`` (seconds between ``PRAGMA data_version`` checks of the
+  change feed, default 0.05), ``buffer_size``.
+- Durability: WAL journal. With ``synchronous=full`` an append returns only after its commit is
+  fsynced, so it survives a power loss; ``normal`` may lose the last commits on power loss (never on
+  a process crash) and never corrupts the file.
+- Ordering: every write is one ``BEGIN IMMEDIATE`` transaction, so ordinals are dense and commit
+  order equals ordinal order across processes. A read is one read transaction: the head and the
+  records it returns are a single snapshot.
+- Wake-ups: appends in this process wake subscriptions directly. Other processes' commits are noticed
+  by one poller thread per backend object that checks ``PRAGMA data_version`` every
+  ``poll_interval`` while at least one topic is watched (it sleeps on an event otherwise); a
+  subscription re-reads on its own at least once a second in case a wake-up is missed.
+- Concurrency: one writer connection behind a lock plus a small pool of reader connections, so reads
+  are not held up by a writer's fsync. Under gevent every SQLite call runs in the hub's threadpool;
+  locks are taken in the calling greenlet.
+- Identity: the file's resolved absolute path, so cursors from one process resume in another.
+- Limits: one host (SQLite locking needs a local file system, not NFS); writes are serialised across
+  all topics. Open a new backend after ``fork()`` rather than sharing one across it.
+
+Schema (created idempotently on open; ``PRAGMA user_version`` = 1)::
+
+    topics(id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, epoch TEXT NOT NULL,
+           first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, sealed INTEGER NOT NULL,
+           updated_at REAL NOT NULL)
+    records(topic_id INTEGER, seq INTEGER, created_at REAL, payload BLOB,
+            PRIMARY KEY (topic_id, seq)) WITHOUT ROWID
+
+``records`` is clustered on ``(topic_id, seq)``: a read is one range scan, a prefix trim one range
+delete, and an append one b-tree insert (no separate index to maintain). The counter row in
+``topics`` is the authority for ``first_seq``/``last_seq``; retention keeps it equal to the retained
+range.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import secrets
+import sqlite3
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Sequence
+from typing import Final, TypeVar
+
+from ._connect import Options
+from ._contract import DurableStreamError, DurableStreamUnavailableError, TopicSealedError
+from ._cooperative import run_blocking
+from ._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
+
+__all__ = ["SqliteChangeFeed", "SqliteDriver", "open_driver"]
+
+T = TypeVar("T")
+
+SCHEMA_VERSION: Final = 1
+READER_POOL_SIZE: Final = 4
+#: How long a subscription waits before re-reading when no wake-up came (the poller is the fast path).
+FALLBACK_POLL_INTERVAL: Final = 1.0
+#: Topics per statement when the poller reads the watched topics' heads.
+WATCH_CHUNK: Final = 500
+#: Topics per write transaction in ``enforce_retention()``, so other writers get the lock in between.
+RETENTION_CHUNK: Final = 100
+_SYNCHRONOUS: Final = ("full", "normal")
+_SQLITE_BUSY: Final = 5
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS topics (
+        id INTEGER PRIMARY KEY,
+        name TEXT UNIQUE NOT NULL,
+        epoch TEXT NOT NULL,
+        first_seq INTEGER NOT NULL,
+        last_seq INTEGER NOT NULL,
+        sealed INTEGER NOT NULL,
+        updated_at REAL NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS records (
+        topic_id INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        created_at REAL NOT NULL,
+        payload BLOB NOT NULL,
+        PRIMARY KEY (topic_id, seq)
+    ) WITHOUT ROWID""",
+)
+
+# Creates the topic with its first record, or bumps the counter of an unsealed one. No row back
+# means the topic exists and is sealed.
+_APPEND_COUNTER = """
+INSERT INTO topics (name, epoch, first_seq, last_seq, sealed, updated_at) VALUES (?, ?, 1, 1, 0, ?)
+ON CONFLICT (name) DO UPDATE SET last_seq = last_seq + 1, updated_at = excluded.updated_at WHERE sealed = 0
+RETURNING id, first_seq, last_seq
+"""
+_SEAL = """
+INSERT INTO topics (name, epoch, first_seq, last_seq, sealed, updated_at) VALUES (?, ?, 1, 0, 1, ?)
+ON CONFLICT (name) DO UPDATE SET sealed = 1, updated_at = excluded.updated_at WHERE sealed = 0
+"""
+_CREATE = """
+INSERT INTO topics (name, epoch, first_seq, last_seq, sealed, updated_at) VALUES (?, ?, 1, 0, 0, ?)
+ON CONFLICT (name) DO NOTHING
+"""
+_HEAD = "SELECT id, epoch, first_seq, last_seq, sealed FROM topics WHERE name = ?"
+
+_HeadRow = tuple[int, str, int, int, int]
+#: What the poller compares to decide that a watched topic changed: (epoch, first, last, sealed).
+_State = tuple[str, int, int, int]
+
+
+def _new_epoch() -> str:
+    return secrets.token_hex(16)
+
+
+def _guarded(what: str, fn: Callable[[], T]) -> T:
+    """Run ``fn``, turning every SQLite or file-system failure into a contract error.
+
+    This is the adapter's one translation point: nothing from :mod:`sqlite3` escapes it.
+    """
+    try:
+        return fn()
+    except DurableStreamError:
+        raise
+    except (sqlite3.Error, OSError) as exc:
+        raise DurableStreamUnavailableError(f"SQLite {what} failed: {exc}") from exc
+
+
+def _transaction(connection: sqlite3.Connection, begin: str, work: Callable[[sqlite3.Connection], T]) -> T:
+    connection.execute(begin)
+    try:
+        result = work(connection)
+        connection.execute("COMMIT")
+    except BaseException:
+        if connection.in_transaction:
+            with contextlib.suppress(sqlite3.Error):  # the original error is the one worth reporting
+                connection.execute("ROLLBACK")
+        raise
+    return result
+
+
+def _parse_path(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.netloc:
+        raise ValueError(f"sqlite URLs have no host: use sqlite:///relative.db or sqlite:////absolute.db, got {url!r}")
+    # As in SQLAlchemy: the third slash ends the (empty) authority, a fourth starts an absolute path.
+    path = urllib.parse.unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    if not path:
+        raise ValueError(f"sqlite URL has no database path: {url!r}")
+    if path == ":memory:" or path.startswith("file:"):
+        raise ValueError("sqlite:// needs a database file; use memory:// for an in-process store")
+    return path
+
+
+class _Settings:
+    __slots__ = ("busy_timeout", "feed_period", "max_age", "max_records", "path", "synchronous")
+
+    def __init__(self, path: str, options: Options) -> None:
+        self.max_records = options.pop_int("max_records", minimum=1)
+        self.max_age = options.pop_float("max_age_seconds", minimum=0.001)
+        synchronous = (options.pop_str("synchronous", "full") or "").strip().lower()
+        if synchronous not in _SYNCHRONOUS:
+            raise ValueError(f"option 'synchronous' must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}")
+        self.synchronous = synchronous.upper()
+        busy_timeout = options.pop_float("busy_timeout", 30.0, minimum=0.0)
+        feed_period = options.pop_float("poll_interval", 0.05, minimum=0.001)
+        assert busy_timeout is not None and feed_period is not None
+        self.busy_timeout = busy_timeout
+        self.feed_period = feed_period
+        self.path = path
+
+    def connect(self) -> sqlite3.Connection:
+        """Open and configure one connection. Blocking: call through ``run_blocking``."""
+        connection = sqlite3.connect(
+            self.path,
+            timeout=self.busy_timeout,
+            isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE for writes
+            check_same_thread=False,  # under gevent successive calls run on different pool threads
+            cached_statements=64,
+        )
+        try:
+            connection.execute(f"PRAGMA synchronous = {self.synchronous}")
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+
+class _ReaderPool:
+    """A few reader connections, opened on demand, so reads overlap each other and the writer."""
+
+    def __init__(self, settings: _Settings, size: int) -> None:
+        self._settings = settings
+        self._slots = threading.BoundedSemaphore(size)
+        self._lock = threading.Lock()
+        self._idle: list[sqlite3.Connection] = []
+        self._closed = False
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        # The semaphore and lock are taken here, in the calling thread or greenlet; only SQLite
+        # work itself goes to the threadpool.
+        self._slots.acquire()
+        try:
+            with self._lock:
+                if self._closed:
+                    raise DurableStreamUnavailableError("the SQLite backend is closed")
+                connection = self._idle.pop() if self._idle else None
+            if connection is None:
+                connection = run_blocking(self._settings.connect)
+            healthy = False
+            try:
+                yield connection
+                healthy = True
+            finally:
+                with self._lock:
+                    keep = healthy and not self._closed
+                    if keep:
+                        self._idle.append(connection)
+                if not keep:
+                    # A failed read may have left it mid-transaction; a fresh one is cheap.
+                    with contextlib.suppress(sqlite3.Error):
+                        run_blocking(connection.close)
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            with contextlib.suppress(sqlite3.Error):
+                run_blocking(connection.close)
+
+
+class SqliteDriver:
+    poll_interval = FALLBACK_POLL_INTERVAL
+
+    def __init__(self, settings: _Settings) -> None:
+        self._settings = settings
+        self._max_records = settings.max_records
+        self._max_age = settings.max_age
+        self.identity = f"sqlite:{settings.path}"
+        self._write_lock = threading.Lock()
+        self._closed = False
+        self._feeds: list[SqliteChangeFeed] = []
+        self._feeds_lock = threading.Lock()
+        self._writer = self._open_writer()
+        self._readers = _ReaderPool(settings, READER_POOL_SIZE)
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _open_writer(self) -> sqlite3.Connection:
+        connection = run_blocking(self._settings.connect)
+        try:
+            self._initialise(connection)
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                run_blocking(connection.close)
+            raise
+        return connection
+
+    def _initialise(self, connection: sqlite3.Connection) -> None:
+        """Switch to WAL and create the schema; safe when several processes open a fresh file at once."""
+        deadline = time.monotonic() + self._settings.busy_timeout
+        while True:
+            try:
+                run_blocking(lambda: self._initialise_once(connection))
+                return
+            except sqlite3.OperationalError as exc:
+                # Changing the journal mode can report "locked" without consulting the busy
+                # handler while another process is doing the same; retry within busy_timeout.
+                if exc.sqlite_errorcode & 0xFF != _SQLITE_BUSY or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.01)  # here, not in the threadpool, so that gevent's patched sleep yields
+
+    def _initialise_once(self, connection: sqlite3.Connection) -> None:
+        mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise DurableStreamUnavailableError(
+                f"SQLite database {self._settings.path!r} cannot use WAL mode (got {mode!r})"
+            )
+        _transaction(connection, "BEGIN IMMEDIATE", self._create_schema)
+
+    def _create_schema(self, connection: sqlite3.Connection) -> None:
+        version = connection.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:
+            return
+        if version != 0:
+            raise DurableStreamUnavailableError(
+                f"SQLite database {self._settings.path!r} has schema version {version}, expected {SCHEMA_VERSION}"
+            )
+        for statement in _SCHEMA:
+            connection.execute(statement)
+        connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _write(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        def run() -> T:
+            with self._write_lock:
+                if self._closed:
+                    raise DurableStreamUnavailableError("the SQLite backend is closed")
+                writer = self._writer
+                return run_blocking(lambda: _transaction(writer, "BEGIN IMMEDIATE", work))
+
+        return _guarded(what, run)
+
+    def _read(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        def run() -> T:
+            if self._closed:
+                raise DurableStreamUnavailableError("the SQLite backend is closed")
+            with self._readers.connection() as reader:
+                return run_blocking(lambda: _transaction(reader, "BEGIN", work))
+
+        return _guarded(what, run)
+
+    # -- Driver ------------------------------------------------------------------------------
+
+    def append(self, topic: str, payload: bytes) -> None:
+        def work(connection: sqlite3.Connection) -> None:
+            now = time.time()
+            # fetchall() steps the RETURNING statement to completion before the next one runs.
+            rows = connection.execute(_APPEND_COUNTER, (topic, _new_epoch(), now)).fetchall()
+            if not rows:
+                raise TopicSealedError(f"topic {topic!r} is sealed")
+            topic_id, first, last = rows[0]
+            connection.execute(
+                "INSERT INTO records (topic_id, seq, created_at, payload) VALUES (?, ?, ?, ?)",
+                (topic_id, last, now, payload),
+            )
+            if self._max_records is not None and last - first + 1 > self._max_records:
+                _drop_prefix(connection, topic_id, first, last - self._max_records + 1)
+
+        self._write("append", work)
+
+    def seal(self, topic: str) -> None:
+        self._write("seal", lambda c: c.execute(_SEAL, (topic, _new_epoch(), time.time())).close())
+
+    def head(self, topic: str, *, create: bool) -> TopicHead | None:
+        row: _HeadRow | None = self._read("head", lambda c: c.execute(_HEAD, (topic,)).fetchone())
+        if row is None and create:
+
+            def work(connection: sqlite3.Connection) -> _HeadRow | None:
+                connection.execute(_CREATE, (topic, _new_epoch(), time.time()))
+                result: _HeadRow | None = connection.execute(_HEAD, (topic,)).fetchone()
+                return result
+
+            row = self._write("head", work)
+        return None if row is None else _to_head(row)
+
+    def read(self, topic: str, after: Position, limit: int) -> Batch:
+        def work(connection: sqlite3.Connection) -> Batch:
+            row: _HeadRow | None = connection.execute(_HEAD, (topic,)).fetchone()
+            if row is None:
+                return Batch(head=None, records=())
+            head = _to_head(row)
+            if after.ordinal >= head.last or limit <= 0:
+                return Batch(head=head, records=())
+            rows = connection.execute(
+                "SELECT seq, payload FROM records WHERE topic_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (row[0], after.ordinal, limit),
+            ).fetchall()
+            return Batch(head=head, records=[StoredRecord(seq, "", bytes(payload)) for seq, payload in rows])
+
+        return self._read("read", work)
+
+    def topic_info(self, topic: str) -> TopicInfo | None:
+        row: _HeadRow | None = self._read("topic_info", lambda c: c.execute(_HEAD, (topic,)).fetchone())
+        if row is None:
+            return None
+        _, _, first, last, sealed = row
+        return TopicInfo(topic, last - first + 1, first, last, bool(sealed))
+
+    def trim(self, topic: str, keep_last: int) -> int:
+        def work(connection: sqlite3.Connection) -> int:
+            row: _HeadRow | None = connection.execute(_HEAD, (topic,)).fetchone()
+            if row is None:
+                return 0
+            topic_id, _, first, last, _ = row
+            return _drop_prefix(connection, topic_id, first, last - keep_last + 1)
+
+        return self._write("trim", work)
+
+    def delete(self, topic: str) -> bool:
+        def work(connection: sqlite3.Connection) -> bool:
+            row = connection.execute("SELECT id FROM topics WHERE name = ?", (topic,)).fetchone()
+            if row is None:
+                return False
+            connection.execute("DELETE FROM records WHERE topic_id = ?", row)
+            connection.execute("DELETE FROM topics WHERE id = ?", row)
+            return True
+
+        return self._write("delete", work)
+
+    def enforce_retention(self) -> int:
+        removed = 0
+        if self._max_records is not None:
+            removed += self._retain_last(self._max_records)
+        if self._max_age is not None:
+            cutoff = time.time() - self._max_age
+            removed += self._expire_topics(cutoff)
+            removed += self._expire_records(cutoff)
+        return removed
+
+    def _retain_last(self, max_records: int) -> int:
+        """Trim topics left over the limit (for example by a process configured with a larger one)."""
+
+        def work(connection: sqlite3.Connection) -> tuple[int, bool]:
+            rows = connection.execute(
+                "SELECT id, first_seq, last_seq FROM topics WHERE last_seq - first_seq + 1 > ? LIMIT ?",
+                (max_records, RETENTION_CHUNK),
+            ).fetchall()
+            count = sum(_drop_prefix(connection, tid, first, last - max_records + 1) for tid, first, last in rows)
+            return count, len(rows) == RETENTION_CHUNK
+
+        return self._in_chunks("retention", work)
+
+    def _expire_topics(self, cutoff: float) -> int:
+        """Delete whole topics idle since before ``cutoff``; a re-created one gets a new epoch."""
+
+        def work(connection: sqlite3.Connection) -> tuple[int, bool]:
+            rows = connection.execute(
+                "SELECT id, first_seq, last_seq FROM topics WHERE updated_at < ? LIMIT ?", (cutoff, RETENTION_CHUNK)
+            ).fetchall()
+            count = 0
+            for topic_id, first, last in rows:
+                connection.execute("DELETE FROM records WHERE topic_id = ?", (topic_id,))
+                connection.execute("DELETE FROM topics WHERE id = ?", (topic_id,))
+                count += last - first + 1
+            return count, len(rows) == RETENTION_CHUNK
+
+        return self._in_chunks("retention", work)
+
+    def _expire_records(self, cutoff: float) -> int:
+        """Drop each live topic's prefix of records created before ``cutoff``."""
+        after_id = 0
+
+        def work(connection: sqlite3.Connection) -> tuple[int, bool]:
+            nonlocal after_id
+            # Only topics whose first retained record is old: one primary-key probe per topic.
+            rows = connection.execute(
+                "SELECT t.id, t.first_seq, t.last_seq FROM topics AS t "
+                "JOIN records AS r ON r.topic_id = t.id AND r.seq = t.first_seq "
+                "WHERE t.id > ? AND r.created_at < ? ORDER BY t.id LIMIT ?",
+                (after_id, cutoff, RETENTION_CHUNK),
+            ).fetchall()
+            count = 0
+            for topic_id, first, last in rows:
+                # Scans only the expired prefix (in seq order) and stops at the first young record,
+                # so what is removed is always a prefix even if clocks stepped backwards.
+                young = connection.execute(
+                    "SELECT seq FROM records WHERE topic_id = ? AND seq >= ? AND created_at >= ? ORDER BY seq LIMIT 1",
+                    (topic_id, first, cutoff),
+                ).fetchone()
+                count += _drop_prefix(connection, topic_id, first, last + 1 if young is None else young[0])
+            if rows:
+                after_id = rows[-1][0]
+            return count, len(rows) == RETENTION_CHUNK
+
+        return self._in_chunks("retention", work)
+
+    def _in_chunks(self, what: str, work: Callable[[sqlite3.Connection], tuple[int, bool]]) -> int:
+        total = 0
+        more = True
+        while more:
+            count, more = self._write(what, work)
+            total += count
+        return total
+
+    def open_change_feed(self, notify: Callable[[str], None]) -> ChangeFeed | None:
+        with self._feeds_lock:
+            if self._closed:
+                return None
+            feed = SqliteChangeFeed(self._settings, notify)
+            self._feeds.append(feed)
+        return feed
+
+    def close(self) -> None:
+        with self._feeds_lock:
+            feeds, self._feeds = self._feeds, []
+        for feed in feeds:
+            feed.close()
+        with self._write_lock:  # waits for an in-flight write to finish before closing its connection
+            if self._closed:
+                return
+            self._closed = True
+            writer = self._writer
+        self._readers.close()
+        with contextlib.suppress(sqlite3.Error):
+            run_blocking(writer.close)
+
+
+def _to_head(row: _HeadRow) -> TopicHead:
+    _, epoch, first, last, sealed = row
+    return TopicHead(epoch=epoch, first=first, last=last, sealed=bool(sealed))
+
+
+def _drop_prefix(connection: sqlite3.Connection, topic_id: int, first: int, new_first: int) -> int:
+    """Delete records ``first .. new_first - 1`` and advance ``first_seq``, in the caller's transaction."""
+    if new_first <= first:
+        return 0
+    removed = connection.execute(
+        "DELETE FROM records WHERE topic_id = ? AND seq >= ? AND seq < ?", (topic_id, first, new_first)
+    ).rowcount
+    connection.execute("UPDATE topics SET first_seq = ? WHERE id = ?", (new_first, topic_id))
+    return removed
+
+
+class _Unknown:
+    """Baseline of a newly watched topic: its first observed state always counts as a change."""
+
+
+_UNKNOWN: Final = _Unknown()
+
+
+class SqliteChangeFeed:
+    """The backend's one poller: notices commits by any process through ``PRAGMA data_version``.
+
+    The thread starts with the feed but only polls while at least one topic is watched; otherwise
+    it waits on an event. When ``data_version`` moves, it reads the heads of the watched topics and
+    notifies those whose (epoch, first, last, sealed) changed or that vanished.
+    """
+
+    def __init__(self, settings: _Settings, notify: Callable[[str], None]) -> None:
+        self._settings = settings
+        self._notify = notify
+        self._period = settings.feed_period
+        self._lock = threading.Lock()
+        self._watched: dict[str, _State | _Unknown | None] = {}
+        self._active = threading.Event()  # set while something is watched, or to wake the thread for close()
+        self._stopping = threading.Event()
+        #: Number of ``data_version`` checks made so far (tests use it to prove the poller idles).
+        self.polls = 0
+        self._thread = threading.Thread(target=self._run, name="durable-stream-sqlite-poller", daemon=True)
+        self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def watch(self, topic: str) -> None:
+        with self._lock:
+            self._watched.setdefault(topic, _UNKNOWN)
+            self._active.set()
+
+    def unwatch(self, topic: str) -> None:
+        with self._lock:
+            self._watched.pop(topic, None)
+            if not self._watched and not self._stopping.is_set():
+                self._active.clear()
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._active.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        connection: sqlite3.Connection | None = None
+        last_version: int | None = None
+        failures = 0
+        try:
+            while True:
+                self._active.wait()
+                if self._stopping.is_set():
+                    return
+                try:
+                    if connection is None:
+                        connection = run_blocking(self._settings.connect)
+                        last_version = None
+                    version = run_blocking(functools.partial(_data_version, connection))
+                    self.polls += 1
+                    if version != last_version:
+                        last_version = version
+                        self._check(connection)
+                    failures = 0
+                except (sqlite3.Error, OSError):
+                    # Let every subscription re-read: a persistent failure then surfaces as its own
+                    # DurableStreamUnavailableError instead of a silent stall.
+                    failures += 1
+                    if connection is not None:
+                        with contextlib.suppress(sqlite3.Error):
+                            run_blocking(connection.close)
+                    connection = None
+                    with self._lock:
+                        topics = list(self._watched)
+                    self._deliver(topics)
+                delay = self._period if failures == 0 else min(self._period * 2**failures, FALLBACK_POLL_INTERVAL)
+                if self._stopping.wait(delay):
+                    return
+        finally:
+            if connection is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    run_blocking(connection.close)
+
+    def _check(self, connection: sqlite3.Connection) -> None:
+        with self._lock:
+            topics = list(self._watched)
+        changed: list[str] = []
+        for start in range(0, len(topics), WATCH_CHUNK):
+            chunk = topics[start : start + WATCH_CHUNK]
+            states = run_blocking(functools.partial(_read_states, connection, chunk))
+            with self._lock:
+                for topic in chunk:
+                    if topic not in self._watched:
+                        continue
+                    state = states.get(topic)
+                    if self._watched[topic] != state:
+                        self._watched[topic] = state
+                        changed.append(topic)
+        self._deliver(changed)
+
+    def _deliver(self, topics: Sequence[str]) -> None:
+        for topic in topics:
+            with contextlib.suppress(Exception):  # a failing callback must not kill the backend's only poller
+                self._notify(topic)
+
+
+def _data_version(connection: sqlite3.Connection) -> int:
+    version: int = connection.execute("PRAGMA data_version").fetchone()[0]
+    return version
+
+
+def _read_states(connection: sqlite3.Connection, topics: Sequence[str]) -> dict[str, _State]:
+    marks = ",".join("?" * len(topics))
+    rows = connection.execute(
+        f"SELECT name, epoch, first_seq, last_seq, sealed FROM topics WHERE name IN ({marks})", tuple(topics)
+    ).fetchall()
+    return {name: (epoch, first, last, sealed) for name, epoch, first, last, sealed in rows}
+
+
+def open_driver(url: str, options: Options) -> SqliteDriver:
+    path = _parse_path(url)
+    settings = _Settings(path, options)
+    # Reject unknown options before touching the file system.
+    options.ensure_consumed("sqlite")
+
+    def resolve() -> str:
+        absolute = os.path.abspath(path)
+        os.makedirs(os.path.dirname(absolute), exist_ok=True)
+        return os.path.realpath(absolute)
+
+    settings.path = _guarded("open", resolve)
+    return _guarded("open", lambda: SqliteDriver(settings))
