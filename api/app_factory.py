@@ -17,18 +17,21 @@ def create_app(config: AppConfig | None = None) -> Flask:
     app.config["SECRET_KEY"] = config.SECRET_KEY
     app.config["APP_CONFIG"] = config
 
-    from api.extensions import ext_celery, ext_database, ext_durable_stream, ext_redis
+    from api.extensions import ext_celery, ext_database, ext_durable_stream, ext_event_bus, ext_redis
 
     ext_database.init_app(app, config)
     ext_redis.init_app(app, config)
     ext_durable_stream.init_app(app, config)
+    ext_event_bus.init_app(app, config)
     ext_celery.init_app(app, config)
 
     import api.tasks  # noqa: F401  (registers the Celery tasks)
     from api.controllers.service_api import bp as service_api_bp
+    from api.controllers.web import bp as web_bp
     from api.libs.external_api import http_error_response
 
     app.register_blueprint(service_api_bp)
+    app.register_blueprint(web_bp)
     app.register_error_handler(Exception, http_error_response)
     _register_commands(app)
     return app
@@ -47,7 +50,11 @@ def _register_commands(app: Flask) -> None:
             created = app_service.create_app(definition)
         except ServiceError as exc:
             raise click.ClickException(exc.message) from exc
-        click.echo(json.dumps({"app_id": created.id, "name": created.name, "api_key": created.api_key}))
+        click.echo(
+            json.dumps(
+                {"app_id": created.id, "name": created.name, "api_key": created.api_key, "site_code": created.site_code}
+            )
+        )
 
     @app.cli.command("reap-expired-runs")
     def reap_command() -> None:

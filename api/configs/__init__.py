@@ -7,8 +7,9 @@ streams and Celery's filesystem broker under ``VAR_DIR``, so ``make run`` needs 
 from __future__ import annotations
 
 import pathlib
+from typing import Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["AppConfig", "app_config"]
@@ -37,6 +38,24 @@ class AppConfig(BaseSettings):
     WORKFLOW_LLM_TOKEN_DELAY: float = Field(default=0.02, description="Default delay between simulated LLM tokens.")
     WORKFLOW_STOP_CHECK_INTERVAL: float = Field(default=1.0, description="Seconds the stop flag may be cached.")
     BLOCKING_RESPONSE_TIMEOUT: float = Field(default=600, description="Longest wait of a blocking run request.")
+
+    WORKFLOW_EVENT_TRANSPORT: Literal["durable_stream", "broadcast_channel"] = Field(
+        default="durable_stream",
+        validation_alias=AliasChoices("WORKFLOW_EVENT_TRANSPORT", "EVENT_BUS_TRANSPORT"),
+        description="Which transport carries workflow events (the rollout flag).",
+    )
+    BROADCAST_CHANNEL_TYPE: Literal["pubsub", "sharded", "streams"] = Field(
+        default="pubsub",
+        validation_alias=AliasChoices("BROADCAST_CHANNEL_TYPE", "EVENT_BUS_REDIS_CHANNEL_TYPE"),
+        description="Redis primitive of the broadcast channel (needs REDIS_URL).",
+    )
+    RESUME_TOKEN_KEYS: str = Field(
+        default="",
+        description="Comma-separated '<key id>:<base64url 32-byte key>'; the first signs, all verify. "
+        "Empty: a development key derived from SECRET_KEY.",
+    )
+    SSE_PING_INTERVAL: float = Field(default=10, description="Seconds between pings on an idle event stream.")
+    SSE_IDLE_TIMEOUT: float = Field(default=300, description="An event stream with no event for this long ends.")
 
     def database_uri(self) -> str:
         return self.SQLALCHEMY_DATABASE_URI or f"sqlite:///{self.VAR_DIR / 'app.db'}"

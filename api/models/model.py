@@ -34,6 +34,10 @@ class App(db.Model):  # type: ignore[name-defined,misc]
     mode: Mapped[str] = mapped_column(String(32), default="workflow")
     graph_json: Mapped[str] = mapped_column(Text)
     api_key: Mapped[str] = mapped_column(String(64), unique=True, index=True, default=new_api_key)
+    #: Public code of the app's web app (``X-App-Code``), exchanged for end-user passports.
+    site_code: Mapped[str] = mapped_column(
+        String(32), unique=True, index=True, default=lambda: secrets.token_urlsafe(12)
+    )
     created_at: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
     @property

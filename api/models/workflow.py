@@ -67,6 +67,14 @@ class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
         return WorkflowRunStatus(self.status)
 
     @property
+    def created_timestamp(self) -> float:
+        return _aware(self.created_at).timestamp()
+
+    @property
+    def finished_timestamp(self) -> float | None:
+        return _aware(self.finished_at).timestamp() if self.finished_at else None
+
+    @property
     def elapsed_time(self) -> float:
         created = _aware(self.created_at)
         end = _aware(self.finished_at) if self.finished_at else _now()

@@ -13,20 +13,21 @@ from sqlalchemy import select
 
 from api.configs import AppConfig
 from api.core.app.apps import run_store
+from api.core.app.apps.event_transport import EventTopic
 from api.core.app.apps.topics import workflow_run_topic
-from api.core.durable_stream import CLOSED, DurableStreamError, DurableStreamTopic, TopicSealedError
+from api.core.durable_stream import CLOSED, DurableStreamError, TopicSealedError
 from api.core.workflow import Graph
 from api.core.workflow.engine import finished_event
 from api.core.workflow.errors import NodeRunError
 from api.core.workflow.events import make_event
 from api.core.workflow.nodes import validate_form
 from api.extensions.ext_database import db
-from api.extensions.ext_durable_stream import durable_stream
+from api.extensions.ext_event_bus import event_transport
 from api.models import App, WorkflowRun, WorkflowRunStatus
 
 from .errors import ConflictError, InvalidParamError, NotFoundError, ServiceUnavailableError, TimeoutError_
 
-RESPONSE_MODES = ("blocking", "async")
+RESPONSE_MODES = ("blocking", "async", "streaming")
 LEASE_EXPIRED_ERROR = "the worker executing this run stopped responding (lease expired)"
 
 
@@ -35,8 +36,8 @@ def _config() -> AppConfig:
     return config
 
 
-def run_topic(app: App, run: WorkflowRun) -> DurableStreamTopic:
-    return durable_stream().topic(workflow_run_topic(app.mode, run.id))
+def topic_name(app: App, run: WorkflowRun) -> str:
+    return workflow_run_topic(app.mode, run.id)
 
 
 def parse_run_request(app: App, payload: Any) -> tuple[dict[str, Any], str, str]:
@@ -82,11 +83,10 @@ def dispatch(run: WorkflowRun, resume_form: Mapping[str, Any] | None = None) -> 
 
 def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
     """Dispatch and wait for the run to finish or pause, reading its own event stream."""
-    topic = run_topic(app, run)
     deadline = time.monotonic() + _config().BLOCKING_RESPONSE_TIMEOUT
     try:
         # Subscribe before dispatching: the run cannot get ahead of the reader.
-        with topic.subscribe_from_tail() as subscription:
+        with event_transport().subscribe_live(topic_name(app, run)) as subscription:
             dispatch(run)
             while (remaining := deadline - time.monotonic()) > 0:
                 record = subscription.receive(timeout=min(remaining, 1.0))
@@ -119,8 +119,8 @@ def run_detail(run: WorkflowRun) -> dict[str, Any]:
         "error": run.error,
         "total_steps": run.total_steps,
         "elapsed_time": round(run.elapsed_time, 6),
-        "created_at": int(run.created_at.timestamp()),
-        "finished_at": int(run.finished_at.timestamp()) if run.finished_at else None,
+        "created_at": int(run.created_timestamp),
+        "finished_at": int(run.finished_timestamp) if run.finished_timestamp else None,
     }
 
 
@@ -202,12 +202,13 @@ def reap_expired_runs() -> int:
 
 
 def _end_topic(app: App, run: WorkflowRun, *, status: str, error: str) -> None:
-    topic = run_topic(app, run)
+    transport = event_transport()
+    topic: EventTopic = transport.topic(topic_name(app, run))
     producer = topic.as_producer()
-    created_at = run.created_at.timestamp()
+    created_at = run.created_timestamp
     with contextlib.suppress(TopicSealedError):
-        info = durable_stream().admin.topic_info(workflow_run_topic(app.mode, run.id))
-        if info is None or info.last_ordinal == 0:
+        info = transport.topic_info(topic_name(app, run))
+        if transport.resumable and (info is None or info.last_ordinal == 0):
             started = make_event(
                 "workflow_started",
                 task_id=run.task_id,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import request
+from flask import Response, request, stream_with_context
 from flask_restful import Resource
 
+from api.libs.sse import SSE_HEADERS
 from api.models import App
+from api.services import workflow_event_service as event_streams
 from api.services import workflow_run_service as runs
 from api.services.errors import InvalidParamError
 
@@ -30,6 +32,8 @@ class WorkflowRunApi(Resource):  # type: ignore[misc]
         if mode == "async":
             runs.dispatch(run)
             return {"task_id": run.task_id, "workflow_run_id": run.id}, 202
+        if mode == "streaming":
+            return event_stream_response(event_streams.run_streaming(app_model, run))
         return runs.run_blocking(app_model, run)
 
 
@@ -60,7 +64,37 @@ class WorkflowHumanInputApi(Resource):  # type: ignore[misc]
         return {"result": "success", "task_id": run.task_id, "workflow_run_id": run.id, "status": run.status}
 
 
+class WorkflowEventsApi(Resource):  # type: ignore[misc]
+    """``GET /workflow/<task_id>/events``: (re)attach to a run's events; ``Last-Event-ID`` resumes."""
+
+    @validate_app_token
+    def get(self, app_model: App, task_id: str) -> Any:
+        user = request.args.get("user")
+        if not user:
+            raise InvalidParamError("the 'user' query parameter is required")
+        run = runs.get_run_by_task(app_model, task_id, user)
+        return event_stream_response(
+            event_streams.reconnect(
+                app_model,
+                run,
+                last_event_id=last_event_id(),
+                continue_on_pause=request.args.get("continue_on_pause", "").lower() in ("1", "true", "yes"),
+            )
+        )
+
+
+def last_event_id() -> str | None:
+    """The header browsers send on reconnect, or a query parameter for clients that cannot set headers."""
+    value = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
+    return value.strip() or None if value else None
+
+
+def event_stream_response(events: Any) -> Response:
+    return Response(stream_with_context(events), mimetype="text/event-stream", headers=SSE_HEADERS)
+
+
 api.add_resource(WorkflowRunApi, "/workflows/run")
+api.add_resource(WorkflowEventsApi, "/workflow/<string:task_id>/events")
 api.add_resource(WorkflowRunDetailApi, "/workflows/run/<string:workflow_run_id>")
 api.add_resource(WorkflowTaskStopApi, "/workflows/tasks/<string:task_id>/stop")
 api.add_resource(WorkflowHumanInputApi, "/workflows/runs/<string:workflow_run_id>/human-input")

@@ -24,9 +24,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from api.core.durable_stream import DurableStreamProducer, DurableStreamTopic, TopicSealedError
+from api.core.durable_stream import DurableStreamProducer, TopicSealedError
 from api.core.workflow.engine import finished_event
 from api.core.workflow.events import make_event
+
+from .event_transport import EventTopic
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ class AppExecutionCoordinator:
     def __init__(
         self,
         *,
-        topic: DurableStreamTopic,
+        topic: EventTopic,
         run: RunIdentity,
         max_execution_time: float,
         stop_requested: Callable[[], bool],

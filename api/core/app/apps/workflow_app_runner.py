@@ -12,7 +12,7 @@ from api.configs import AppConfig
 from api.core.workflow import Graph, WorkflowEngine
 from api.core.workflow.engine import ResumePoint
 from api.extensions.ext_database import db
-from api.extensions.ext_durable_stream import durable_stream
+from api.extensions.ext_event_bus import event_transport
 from api.models import App, WorkflowRun, WorkflowRunStatus
 
 from . import run_store
@@ -35,8 +35,8 @@ def execute_run(workflow_run_id: str, resume_form: Mapping[str, Any] | None = No
         return None
     app = db.session.get(App, run.app_id)
     assert app is not None
-    topic = durable_stream().topic(workflow_run_topic(app.mode, run.id))
-    identity = RunIdentity(app.id, run.task_id, run.id, run.created_at.timestamp())
+    topic = event_transport().topic(workflow_run_topic(app.mode, run.id))
+    identity = RunIdentity(app.id, run.task_id, run.id, run.created_timestamp)
     resume = None
     if resume_form is not None:
         resume = ResumePoint(state=run.state_after_pause(), form=resume_form)

@@ -1,0 +1,62 @@
+"""``GET /api/passport``: a web end user's session token for one app.
+
+The caller names the app by its public site code (``X-App-Code``); the passport binds an end-user
+id to that app and is signed with the Flask secret.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from flask import current_app, request
+from flask_restful import Resource
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from sqlalchemy import select
+
+from api.extensions.ext_database import db
+from api.models import App
+from api.services.errors import NotFoundError, UnauthorizedError
+
+from . import api
+
+PASSPORT_MAX_AGE = 30 * 24 * 3600
+
+
+def _serializer() -> URLSafeTimedSerializer:
+    return URLSafeTimedSerializer(current_app.config["SECRET_KEY"], salt="web-passport")
+
+
+class PassportApi(Resource):  # type: ignore[misc]
+    def get(self) -> Any:
+        code = request.headers.get("X-App-Code")
+        app = db.session.execute(select(App).where(App.site_code == code)).scalar_one_or_none() if code else None
+        if app is None:
+            raise NotFoundError("unknown app code", code="app_not_found")
+        end_user = f"web-{uuid.uuid4()}"
+        return {"access_token": _serializer().dumps({"app_id": app.id, "end_user": end_user}), "end_user": end_user}
+
+
+def validate_passport(view: Callable[..., Any]) -> Callable[..., Any]:
+    """Resolve ``Authorization: Bearer <passport>`` and pass ``app_model`` and ``end_user``."""
+
+    @functools.wraps(view)
+    def decorated(*args: Any, **kwargs: Any) -> Any:
+        scheme, _, token = (request.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise UnauthorizedError("missing passport")
+        try:
+            claims = _serializer().loads(token.strip(), max_age=PASSPORT_MAX_AGE)
+        except BadSignature as exc:
+            raise UnauthorizedError("invalid passport") from exc
+        app = db.session.get(App, claims.get("app_id"))
+        if app is None:
+            raise UnauthorizedError("invalid passport")
+        return view(*args, app_model=app, end_user=str(claims["end_user"]), **kwargs)
+
+    return decorated
+
+
+api.add_resource(PassportApi, "/passport")

@@ -1,0 +1,187 @@
+"""How workflow events travel from workers to API processes: the rollout flag's two sides.
+
+``durable_stream`` (the default) keeps every run's events in a retained topic: readers start at a
+fixed position, resume after any event, and end at the sealed end. ``broadcast_channel`` is the old
+live-only path: readers get what is published while they listen, nothing else, and no cursors.
+Workers, the lease check and the SSE endpoints use only the small interface below, so the rest of
+the app does not know which one is configured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any, Protocol, Self
+
+from api.core.durable_stream import (
+    CLOSED,
+    Closed,
+    DurableStreamBackend,
+    DurableStreamProducer,
+    DurableStreamSubscription,
+    DurableStreamUnavailableError,
+    TopicCursor,
+    TopicInfo,
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamMessage:
+    payload: bytes
+    cursor: TopicCursor | None
+
+
+class EventSubscription(Protocol):
+    resumable: bool
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
+
+    def receive(self, timeout: float) -> StreamMessage | Closed | None: ...
+
+    def close(self) -> None: ...
+
+
+class EventTopic(Protocol):
+    """What a producer of run events needs: append, a producer view and seal (a no-op when live-only)."""
+
+    def append(self, payload: bytes) -> None: ...
+
+    def as_producer(self) -> DurableStreamProducer: ...
+
+    def seal(self) -> None: ...
+
+
+class WorkflowEventTransport(Protocol):
+    resumable: bool
+
+    def topic(self, name: str) -> EventTopic: ...
+
+    def subscribe_live(self, name: str) -> EventSubscription:
+        """A subscription fixed at the current end: everything published after this call arrives."""
+        ...
+
+    def subscribe_resume(self, name: str, cursor: TopicCursor | None) -> EventSubscription:
+        """Strictly after ``cursor``, or from the beginning of what is retained."""
+        ...
+
+    def topic_info(self, name: str) -> TopicInfo | None:
+        """What is retained of the topic, or ``None`` (always ``None`` when live-only)."""
+        ...
+
+
+class _DurableSubscription:
+    resumable = True
+
+    def __init__(self, subscription: DurableStreamSubscription) -> None:
+        self._subscription = subscription
+
+    def __enter__(self) -> Self:
+        self._subscription.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._subscription.close()
+
+    def receive(self, timeout: float) -> StreamMessage | Closed | None:
+        record = self._subscription.receive(timeout)
+        if record is None or record is CLOSED:
+            return record
+        return StreamMessage(record.payload, record.cursor)
+
+    def close(self) -> None:
+        self._subscription.close()
+
+
+class DurableEventTransport:
+    resumable = True
+
+    def __init__(self, backend: DurableStreamBackend) -> None:
+        self._backend = backend
+
+    def topic(self, name: str) -> EventTopic:
+        return self._backend.topic(name)
+
+    def subscribe_live(self, name: str) -> EventSubscription:
+        return _DurableSubscription(self._backend.topic(name).subscribe_from_tail())
+
+    def subscribe_resume(self, name: str, cursor: TopicCursor | None) -> EventSubscription:
+        topic = self._backend.topic(name)
+        subscription = topic.subscribe_from_beginning() if cursor is None else topic.subscribe_from_cursor(cursor)
+        return _DurableSubscription(subscription)
+
+    def topic_info(self, name: str) -> TopicInfo | None:
+        return self._backend.admin.topic_info(name)
+
+
+class _BroadcastTopic:
+    """A broadcast topic in the shape producers expect; sealing means nothing to a live channel."""
+
+    def __init__(self, topic: Any) -> None:
+        self._topic = topic
+
+    def append(self, payload: bytes) -> None:
+        try:
+            self._topic.publish(payload)
+        except Exception as exc:
+            raise DurableStreamUnavailableError(f"broadcast publish failed: {exc}") from exc
+
+    def as_producer(self) -> DurableStreamProducer:
+        return self
+
+    def seal(self) -> None:
+        return None
+
+
+class _BroadcastSubscription:
+    resumable = False
+
+    def __init__(self, subscription: Any) -> None:
+        self._subscription = subscription
+
+    def __enter__(self) -> Self:
+        self._subscription.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: types.TracebackType | None = None,
+    ) -> None:
+        self._subscription.close()
+
+    def receive(self, timeout: float) -> StreamMessage | Closed | None:
+        from api.core.broadcast_channel import BroadcastChannelUnavailableError, SubscriptionClosedError
+
+        try:
+            payload = self._subscription.receive(timeout=timeout)
+        except SubscriptionClosedError:
+            return CLOSED
+        except BroadcastChannelUnavailableError as exc:
+            raise DurableStreamUnavailableError(f"broadcast channel unavailable: {exc}") from exc
+        return None if payload is None else StreamMessage(payload, None)
+
+    def close(self) -> None:
+        self._subscription.close()
+
+
+class BroadcastEventTransport:
+    resumable = False
+
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+
+    def topic(self, name: str) -> EventTopic:
+        return _BroadcastTopic(self._channel.topic(name))
+
+    def subscribe_live(self, name: str) -> EventSubscription:
+        return _BroadcastSubscription(self._channel.topic(name).subscribe())
+
+    def subscribe_resume(self, name: str, cursor: TopicCursor | None) -> EventSubscription:
+        # Live-only: there is nothing to resume from; the client gets what happens from now on.
+        return self.subscribe_live(name)
+
+    def topic_info(self, name: str) -> TopicInfo | None:
+        return None
