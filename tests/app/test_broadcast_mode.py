@@ -1,0 +1,59 @@
+"""The rollout flag's other side: workflow events over the live-only broadcast channel, as before."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.app.conftest import AppHarness
+from tests.app.test_events_sse import events_of, reconnect, run_streaming, stream
+from tests.app.test_service_api import slow_greeting
+from tests.support.sse import parse_sse
+
+
+@pytest.mark.parametrize("kind", ["pubsub", "sharded", "streams"])
+def test_workflows_run_end_to_end_over_the_broadcast_channel(
+    make_harness: Callable[..., AppHarness], kind: str
+) -> None:
+    harness = make_harness(
+        EVENT_BUS_TRANSPORT="broadcast_channel", REDIS_URL="redis://127.0.0.1:6379/0", BROADCAST_CHANNEL_TYPE=kind
+    )
+    key = harness.create_app("greeting")["api_key"]
+
+    messages = run_streaming(harness, key, {"name": "Ada"})
+    events = events_of(messages)
+    assert events[0]["event"] == "workflow_started" and events[-1]["event"] == "workflow_finished"
+    assert all(m.id is None for m in messages), "the broadcast channel has no resume positions"
+
+    blocking = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Bo"}, "user": "u1"})
+    assert blocking.status_code == 200 and blocking.json["data"]["status"] == "succeeded"
+
+    # Last-Event-ID is ignored; a finished run gets one workflow_finished built from its row.
+    finished = stream(reconnect(harness, key, events[0]["task_id"], "u1", last_event_id="anything"))
+    assert [e["event"] for e in events_of(finished)] == ["workflow_finished"]
+    assert harness.topic_info(events[0]["workflow_run_id"]) is None, "nothing went to the durable stream"
+
+
+def test_a_broadcast_reconnect_is_live_only(make_harness: Callable[..., AppHarness]) -> None:
+    harness = make_harness(EVENT_BUS_TRANSPORT="broadcast_channel", REDIS_URL="redis://127.0.0.1:6379/0")
+    key = harness.create_app(slow_greeting(delay=0.01, tokens=150))["api_key"]
+    first = harness.client.post(
+        "/v1/workflows/run",
+        json={"inputs": {"name": "Cy"}, "user": "u1", "response_mode": "streaming"},
+        headers={"Authorization": f"Bearer {key}"},
+        buffered=False,
+    )
+    first_messages = parse_sse(first.response)
+    task_id = None
+    for message in first_messages:  # wait until the run is well under way
+        if not message.is_ping and message.json["event"] == "text_chunk":
+            task_id = message.json["task_id"]
+            break
+    assert task_id is not None
+    late = reconnect(harness, key, task_id, "u1", last_event_id="ignored")
+    seen = [m.json for m in parse_sse(late.response) if not m.is_ping]
+    late.close()
+    first.close()
+    assert seen[-1]["event"] == "workflow_finished"
+    assert "workflow_started" not in [e["event"] for e in seen], "a live-only reconnect does not replay the run"
