@@ -167,7 +167,7 @@ def test_dropping_clients_resume_exactly_through_gunicorn_gevent(
     assert len(results) == RUNS
 
     with connect(env["DURABLE_STREAM_URL"]) as backend:
-        for task_id, received, reconnects in results:
+        for _task_id, received, reconnects in results:
             run_id = received[0]["workflow_run_id"]
             stored = []
             with backend.topic(workflow_run_topic("workflow", run_id)).subscribe_from_beginning() as subscription:

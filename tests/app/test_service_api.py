@@ -282,3 +282,36 @@ def test_postgresql_as_the_app_database(make_harness: Callable[..., AppHarness])
     finally:
         with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as connection:
             connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def test_an_engine_that_raises_ends_the_run_failed_and_sealed(harness: AppHarness) -> None:
+    definition = copy.deepcopy(GREETING)
+    definition["graph"]["nodes"][1]["token_delay"] = "fast"  # passes validation, breaks the engine mid-run
+    key = harness.create_app(definition)["api_key"]
+    body = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Max"}, "user": "u1"}).json
+    assert body["data"]["status"] == "failed" and body["data"]["error"].startswith("internal error")
+    names = [e["event"] for e in harness.events(body["workflow_run_id"])]
+    assert names.count("workflow_started") == 1 and names[-1] == "workflow_finished"
+    assert harness.events(body["workflow_run_id"])[-1]["data"]["status"] == "failed"
+    assert harness.topic_info(body["workflow_run_id"]).sealed
+
+
+def test_a_listener_going_away_does_not_cancel_the_run(harness: AppHarness) -> None:
+    from tests.support.sse import parse_sse
+
+    key = harness.create_app(slow_greeting(delay=0.005, tokens=200))["api_key"]
+    response = harness.client.post(
+        "/v1/workflows/run",
+        json={"inputs": {"name": "Ned"}, "user": "u1", "response_mode": "streaming"},
+        headers={"Authorization": f"Bearer {key}"},
+        buffered=False,
+    )
+    run_id = None
+    for message in parse_sse(response.response):
+        if not message.is_ping and message.json["event"] == "text_chunk":
+            run_id = message.json["workflow_run_id"]
+            break
+    response.close()  # the client goes away mid-run
+    assert run_id is not None
+    detail = wait_for_status(harness, key, run_id, "u1", {"succeeded", "failed", "stopped"})
+    assert detail["status"] == "succeeded"

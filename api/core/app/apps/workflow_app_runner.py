@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -37,9 +38,7 @@ def execute_run(workflow_run_id: str, resume_form: Mapping[str, Any] | None = No
     assert app is not None
     topic = event_transport().topic(workflow_run_topic(app.mode, run.id))
     identity = RunIdentity(app.id, run.task_id, run.id, run.created_timestamp)
-    resume = None
-    if resume_form is not None:
-        resume = ResumePoint(state=run.state_after_pause(), form=resume_form)
+    graph_definition, inputs, end_user, state_json = app.graph_json, run.inputs, run.end_user, run.state_json
     db.session.remove()  # the attempt may take minutes; hold no connection meanwhile
 
     engine: WorkflowEngine | None = None
@@ -61,26 +60,33 @@ def execute_run(workflow_run_id: str, resume_form: Mapping[str, Any] | None = No
         stop_requested=lambda: run_store.stop_requested(workflow_run_id),
         on_abort=lambda reason: run_store.request_stop(workflow_run_id),
         before_end=persist,
-        started_sent=resume is not None,
+        started_sent=resume_form is not None,
         stop_check_interval=config.WORKFLOW_STOP_CHECK_INTERVAL,
-    )
-    engine = WorkflowEngine(
-        Graph(app.graph),
-        app_id=identity.app_id,
-        task_id=identity.task_id,
-        workflow_run_id=identity.workflow_run_id,
-        inputs=run.inputs,
-        user=run.end_user,
-        created_at=identity.created_at,
-        token_delay=config.WORKFLOW_LLM_TOKEN_DELAY,
-        should_stop=coordinator.should_stop,
-        resume=resume,
     )
     flask_app = current_app._get_current_object()  # type: ignore[attr-defined]
     with RunLease(flask_app, workflow_run_id, config.WORKFLOW_LEASE_TTL):
         coordinator.start()
         error: str | None = None
         try:
+            # Everything that can fail, building the engine included, happens under the coordinator,
+            # so that no failure leaves the run's topic open.
+            resume = None
+            if resume_form is not None:
+                if state_json is None:
+                    raise RuntimeError("the run has no saved pause state to resume from")
+                resume = ResumePoint(state=json.loads(state_json), form=resume_form)
+            engine = WorkflowEngine(
+                Graph(json.loads(graph_definition)),
+                app_id=identity.app_id,
+                task_id=identity.task_id,
+                workflow_run_id=identity.workflow_run_id,
+                inputs=inputs,
+                user=end_user,
+                created_at=identity.created_at,
+                token_delay=config.WORKFLOW_LLM_TOKEN_DELAY,
+                should_stop=coordinator.should_stop,
+                resume=resume,
+            )
             for event in engine.run():
                 if event["event"] == "node_started":
                     steps = coordinator.steps = int(event["data"]["index"])
@@ -89,9 +95,9 @@ def execute_run(workflow_run_id: str, resume_form: Mapping[str, Any] | None = No
             logger.warning("run %s was ended by someone else; abandoning this attempt", workflow_run_id)
             return None
         except Exception as exc:
-            logger.exception("run %s failed inside the engine", workflow_run_id)
+            logger.exception("run %s failed", workflow_run_id)
             error = f"internal error: {exc}"
         if coordinator.finish(error):
             return "failed"
-    outcome = engine.outcome
+    outcome = engine.outcome if engine is not None else None
     return None if outcome is None else outcome.status
