@@ -17,6 +17,7 @@ from ._base import ContractBase, drain
 
 BULK_RECORDS = 100_000
 BULK_PAYLOAD = 200
+BULK_THREADS = 4
 
 
 class BackpressureContract(ContractBase):
@@ -52,20 +53,32 @@ class BackpressureContract(ContractBase):
                 time.sleep(0.05)
             grown = peak - before
             assert grown < 10 * 1024 * 1024, f"RSS grew by {grown / 1e6:.1f} MB while the subscriber did not read"
-            for expected, record in enumerate(drain(subscription, BULK_RECORDS, timeout=300)):
-                assert record.payload[:12] == b"%012d" % expected
+            indices = [int(record.payload[:12]) for record in drain(subscription, BULK_RECORDS, timeout=300)]
+            assert sorted(indices) == list(range(BULK_RECORDS)), "records were lost or repeated"
+            for lane in range(BULK_THREADS):  # each appending thread's own records arrive in its order
+                own = [index for index in indices if index % BULK_THREADS == lane]
+                assert own == sorted(own)
 
 
 def _append_in_child(url: str, topic_name: str, count: int, size: int) -> None:
-    """Append ``count`` records from a separate OS process, the way a worker would."""
+    """Append ``count`` records from a separate OS process with a few threads, the way workers would."""
     script = textwrap.dedent(
         f"""
+        import threading
         from api.core.durable_stream import connect
         with connect({url!r}) as backend:
-            topic = backend.topic({topic_name!r})
+            producer = backend.topic({topic_name!r}).as_producer()
             pad = b"x" * ({size} - 12)
-            for index in range({count}):
-                topic.append(b"%012d" % index + pad)
+
+            def lane(first):
+                for index in range(first, {count}, {BULK_THREADS}):
+                    producer.append(b"%012d" % index + pad)
+
+            threads = [threading.Thread(target=lane, args=(n,)) for n in range({BULK_THREADS})]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         """
     )
     env = dict(os.environ)
