@@ -25,6 +25,9 @@ SCHEMES: Mapping[str, str] = {
     "postgresql": "._postgres",
     "postgresql+psycopg": "._postgres",
     "postgres": "._postgres",
+    "redis": "._redis",
+    "rediss": "._redis",
+    "redis+cluster": "._redis",
 }
 
 _TRUE = {"1", "true", "yes", "on"}

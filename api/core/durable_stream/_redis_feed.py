@@ -1,0 +1,606 @@
+"""The Redis adapter's shared reader: one listener per backend object (one connection per node).
+
+Append, seal, trim and delete scripts ``SPUBLISH`` a short hint on the topic's sharded channel
+(see :mod:`._redis_scripts`). One background thread (a greenlet under gevent) holds one dedicated
+connection per Redis node, subscribed to the channels of every watched topic, and turns each hint
+into ``notify(topic)``. Append hints carry the record itself, which goes into a small per-topic
+prefetch (:class:`Prefetch`) so that subscriptions at the live tail get it without another round
+trip, however many of them share the topic.
+
+Hints are only hints: a lost one delays delivery until the subscription's fallback poll, and a
+prefetched record is used only when it provably follows the reader's position (see
+:meth:`Prefetch.lookup`). Every gap, epoch and seal decision still comes from the stream itself.
+
+Why sharded pub/sub rather than one ``XREAD BLOCK`` over all watched stream keys: in Redis Cluster
+a multi-key ``XREAD`` must keep all its keys in one hash slot (``CROSSSLOT`` otherwise, even on one
+node), so a per-node ``XREAD`` over many topics is impossible there; one connection can however
+``SSUBSCRIBE`` channels of every slot its node serves. The hints also report seals, trims and
+deletes made by other processes, which ``XREAD`` never sees, and a newly watched topic is picked
+up by writing ``SSUBSCRIBE`` on the open connection, with no blocked command to interrupt.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import random
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._driver import Batch, Position, StoredRecord, TopicHead
+
+__all__ = ["Feed", "FeedLink", "Prefetch"]
+
+#: How long the listener sleeps between housekeeping passes when nothing arrives.
+_TICK = 1.0
+#: An idle link is pinged this often; no answer within the same time means it is dead.
+_HEALTH_INTERVAL = 5.0
+_RETRY_TICK = 0.05
+_RECONNECT_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Hint:
+    epoch: str
+    ordinal: int
+    native: str
+    payload: bytes
+    received: float
+
+
+class _TopicView:
+    __slots__ = (
+        "batches",
+        "by_previous",
+        "changes",
+        "dead_epochs",
+        "epoch",
+        "first",
+        "last",
+        "live",
+        "mirror",
+        "mirror_until",
+    )
+
+    def __init__(self) -> None:
+        self.by_previous: collections.OrderedDict[str, _Hint] = collections.OrderedDict()
+        # Batches already built, by (predecessor, limit): every subscription of a topic at the same
+        # position gets the same immutable batch. Cleared whenever the topic's hints change.
+        self.batches: dict[tuple[str, int], Batch] = {}
+        self.epoch = ""
+        self.first = 0
+        self.last = 0  # the highest ordinal seen in this epoch
+        self.dead_epochs: set[str] = set()
+        self.changes = 0  # every event seen for the topic; a read that overlaps one is not mirrored
+        self.live = False  # the shared reader's subscription to the topic's hints is confirmed
+        self.mirror: TopicHead | None = None
+        self.mirror_until = 0.0
+
+    def forget_records(self) -> None:
+        self.by_previous.clear()
+        self.batches.clear()
+
+    def forget_head(self) -> None:
+        self.mirror = None
+        self.changes += 1
+
+
+class Prefetch:
+    """What the shared reader (or a local append) has just seen of each watched topic.
+
+    Records, keyed by their predecessor: a record is handed to a reader only if its predecessor's
+    stream ID is the reader's own position and its ordinal is the next one. Stream IDs grow within a
+    stream and an incarnation's ordinals are dense, so such a record is exactly the record a read
+    from the server would have returned first at the moment the record was appended; the
+    subscription still checks the batch's epoch. Records older than ``max_age`` or below a known
+    trim are never handed out, and at most ``per_topic`` records are kept per topic.
+
+    The head, mirrored: after a read from the server that overlapped no hint while the topic's
+    hint subscription was live, every later change of the topic made through this library arrives
+    as a hint, in order. Until ``mirror_age`` has passed, a reader already at that head (the
+    subscriptions' fallback polls) is answered without a round trip. Changes that send no hint (key
+    expiry, keys deleted by hand, ``FLUSHALL``) are therefore seen at the latest after
+    ``mirror_age`` plus the poll interval; a broken link forgets every mirror at once.
+    """
+
+    def __init__(
+        self, *, per_topic: int = 64, max_age: float = 1.0, max_payload: int = 16384, mirror_age: float = 5.0
+    ) -> None:
+        self.per_topic = per_topic
+        self.max_age = max_age
+        self.max_payload = max_payload
+        self.mirror_age = mirror_age
+        self._topics: dict[str, _TopicView] = {}
+        self._lock = threading.Lock()
+
+    def watch(self, topic: str) -> None:
+        with self._lock:
+            self._topics.setdefault(topic, _TopicView())
+
+    def unwatch(self, topic: str) -> None:
+        with self._lock:
+            self._topics.pop(topic, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            for state in self._topics.values():
+                state.forget_records()
+                state.forget_head()
+
+    def live(self, topic: str, live: bool) -> None:
+        """The shared reader's subscription to the topic's hints started (or stopped) being live."""
+        with self._lock:
+            state = self._topics.get(topic)
+            if state is not None:
+                state.live = live
+                state.forget_head()
+                if not live:
+                    state.forget_records()
+
+    def put(
+        self, topic: str, epoch: str, ordinal: int, native: str, previous: str, first: int, payload: bytes | None
+    ) -> None:
+        """A record was appended (``payload`` is ``None`` when the hint did not carry it)."""
+        with self._lock:
+            state = self._topics.get(topic)
+            if state is None:
+                return
+            state.changes += 1
+            mirror = state.mirror
+            if mirror is not None:
+                if mirror.epoch != epoch or ordinal > mirror.last + 1:
+                    state.mirror = None  # a hint was missed, or a new incarnation: read again
+                elif ordinal == mirror.last + 1:
+                    state.mirror = TopicHead(epoch, max(mirror.first, first), ordinal, False, native)
+            if epoch in state.dead_epochs:
+                return
+            if state.epoch != epoch:
+                state.forget_records()
+                state.epoch, state.first, state.last = epoch, first, 0
+            state.first = max(state.first, first)
+            state.last = max(state.last, ordinal)
+            if payload is None or not previous or len(payload) > self.max_payload or ordinal < state.first:
+                return
+            state.by_previous[previous] = _Hint(epoch, ordinal, native, payload, time.monotonic())
+            state.batches.clear()
+            while len(state.by_previous) > self.per_topic:
+                state.by_previous.popitem(last=False)
+
+    def sealed(self, topic: str, epoch: str, last: int, native: str) -> None:
+        with self._lock:
+            state = self._topics.get(topic)
+            if state is None:
+                return
+            state.changes += 1
+            mirror = state.mirror
+            if mirror is not None and mirror.epoch == epoch and mirror.last == last:
+                state.mirror = dataclasses.replace(mirror, sealed=True)
+            else:
+                state.mirror = None
+
+    def trimmed(self, topic: str, first: int | None = None) -> None:
+        """Records were removed: forget everything prefetched, and ignore late hints below ``first``."""
+        with self._lock:
+            state = self._topics.get(topic)
+            if state is not None:
+                state.forget_records()
+                state.forget_head()
+                if first is not None:
+                    state.first = max(state.first, first)
+
+    def deleted(self, topic: str) -> None:
+        with self._lock:
+            state = self._topics.get(topic)
+            if state is not None:
+                state.forget_records()
+                state.forget_head()
+                if state.epoch:
+                    state.dead_epochs.add(state.epoch)
+                state.epoch, state.first, state.last = "", 0, 0
+
+    def invalidate(self, topic: str) -> None:
+        with self._lock:
+            state = self._topics.get(topic)
+            if state is not None:
+                state.forget_head()
+
+    def stamp(self, topic: str) -> int | None:
+        """Taken before a read from the server; ``None`` when its head could not be mirrored."""
+        with self._lock:
+            state = self._topics.get(topic)
+            return state.changes if state is not None and state.live else None
+
+    def observe(self, topic: str, stamp: int | None, head: TopicHead) -> None:
+        """A read from the server returned ``head``: mirror it if nothing happened meanwhile."""
+        if stamp is None:
+            return
+        with self._lock:
+            state = self._topics.get(topic)
+            if state is not None and state.live and state.changes == stamp:
+                state.mirror = head
+                # Spread the expiries: topics mirrored together must not all read again together.
+                state.mirror_until = time.monotonic() + self.mirror_age * random.uniform(0.5, 1.0)
+
+    def lookup(self, topic: str, after: Position, limit: int) -> Batch | None:
+        """The batch a read after ``after`` would return, if what was seen proves it; else ``None``."""
+        if not after.native:
+            return None
+        with self._lock:
+            state = self._topics.get(topic)
+            if state is None:
+                return None
+            hint = state.by_previous.get(after.native)
+            if hint is None or hint.ordinal != after.ordinal + 1 or hint.ordinal < state.first:
+                return self._idle(state, after)
+            oldest = time.monotonic() - self.max_age
+            if hint.received < oldest or hint.epoch != state.epoch:
+                return self._idle(state, after)
+            key = (after.native, limit)
+            batch = state.batches.get(key)
+            if batch is not None:
+                return batch
+            records = [StoredRecord(hint.ordinal, hint.native, hint.payload)]
+            while len(records) < limit:
+                following = state.by_previous.get(hint.native)
+                if following is None or following.ordinal != hint.ordinal + 1 or following.epoch != hint.epoch:
+                    break
+                if following.received < oldest:
+                    break
+                hint = following
+                records.append(StoredRecord(hint.ordinal, hint.native, hint.payload))
+            # The head is the topic as of the newest append seen: records up to it may be missing here
+            # (a lost hint), so a reader that stops short of it reads again instead of waiting.
+            last = state.last
+            native = hint.native if last <= records[-1].ordinal else ""
+            batch = Batch(head=TopicHead(hint.epoch, state.first, last, False, native), records=tuple(records))
+            state.batches[key] = batch
+            return batch
+
+    @staticmethod
+    def _idle(state: _TopicView, after: Position) -> Batch | None:
+        """A reader at the mirrored head: nothing new, and the mirror is the head."""
+        mirror = state.mirror
+        if mirror is None or not state.live or time.monotonic() >= state.mirror_until:
+            return None
+        if after.ordinal != mirror.last or after.native != mirror.last_native:
+            return None
+        return Batch(head=mirror, records=())
+
+
+class FeedLink:
+    """One dedicated connection to one Redis node, owned by the listener thread."""
+
+    def __init__(self, address: str, connection: Any) -> None:
+        self.address = address
+        self.connection = connection
+        self.channels: dict[bytes, str] = {}  # subscribed (or requested) channel -> topic
+        self.confirmed: set[bytes] = set()  # channels whose subscription the server confirmed
+        self.outstanding: collections.deque[tuple[str, bytes]] = collections.deque()
+        self.last_io = time.monotonic()
+        self.ping_sent: float | None = None
+
+    def socket(self) -> Any:
+        return getattr(self.connection, "_sock", None)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.connection.disconnect()
+
+
+class Feed:
+    """The change feed of one Redis backend object; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        notify: Callable[[str], None],
+        prefetch: Prefetch,
+        channel_of: Callable[[str], bytes],
+        address_of: Callable[[bytes], str],
+        connect: Callable[[str], Any],
+        refresh_topology: Callable[[], None],
+        name: str,
+    ) -> None:
+        self._notify = notify
+        self._prefetch = prefetch
+        self._channel_of = channel_of
+        self._address_of = address_of
+        self._connect = connect
+        self._refresh_topology = refresh_topology
+        self._lock = threading.Lock()
+        self._watched: dict[str, bytes] = {}
+        self._dirty: set[str] = set()  # topics whose subscription must be (re)checked
+        self._links: dict[str, FeedLink] = {}
+        self._placed: dict[str, tuple[str, bytes]] = {}  # topic -> (node address, channel) subscribed
+        self._retry_at: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._closed = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # -- called from any thread -------------------------------------------------------------
+
+    def watch(self, topic: str) -> None:
+        self._prefetch.watch(topic)
+        with self._lock:
+            if self._closed:
+                return
+            self._watched[topic] = self._channel_of(topic)
+            self._dirty.add(topic)
+        self._wake()
+
+    def unwatch(self, topic: str) -> None:
+        with self._lock:
+            self._watched.pop(topic, None)
+            self._dirty.add(topic)
+        self._prefetch.unwatch(topic)
+        self._wake()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._wake()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        for sock in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def link_count(self) -> int:
+        return len(self._links)
+
+    def subscribed_topics(self) -> set[str]:
+        """Topics whose hints currently arrive (the server confirmed the subscription)."""
+        return {
+            link.channels[channel]
+            for link in list(self._links.values())
+            for channel in list(link.confirmed)
+            if channel in link.channels
+        }
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    # -- the listener thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._closed:
+                self._sync()
+                ready = self._wait()
+                for link in list(self._links.values()):
+                    self._drain(link, link.socket() in ready)
+                self._check_health()
+        finally:
+            for link in list(self._links.values()):
+                link.close()
+            self._links.clear()
+
+    def _wait(self) -> list[Any]:
+        sockets = [sock for link in self._links.values() if (sock := link.socket()) is not None]
+        with self._lock:
+            # Topics waiting for a reconnect or a topology refresh are retried soon, not at once.
+            timeout = _RETRY_TICK if self._dirty else _TICK
+        try:
+            readable, _, _ = select.select([self._wake_r, *sockets], [], [], timeout)
+        except (OSError, ValueError):  # a socket closed under us: the drain below notices
+            return []
+        if self._wake_r in readable:
+            with contextlib.suppress(OSError):
+                while self._wake_r.recv(4096):
+                    pass
+        return list(readable)
+
+    def _sync(self) -> None:
+        """Bring every link's subscriptions in line with the watched topics."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+            watched = {topic: self._watched.get(topic) for topic in dirty}
+        now = time.monotonic()
+        retry: list[str] = []
+        for topic, channel in watched.items():
+            address: str | None = None
+            if channel is not None:
+                try:
+                    address = self._address_of(channel)
+                except Exception:  # topology unknown right now: try again shortly
+                    retry.append(topic)
+                    continue
+            placed = self._placed.get(topic)
+            if placed is not None and placed != (address, channel):
+                del self._placed[topic]
+                self._prefetch.live(topic, False)
+                old = self._links.get(placed[0])
+                if old is not None and old.channels.pop(placed[1], None) is not None:
+                    self._send(old, "unsub", placed[1])
+                placed = None
+            if channel is None or address is None or placed is not None:
+                continue
+            link = self._links.get(address)
+            if link is None:
+                link = self._open(address, now)
+                if link is None:
+                    retry.append(topic)
+                    continue
+            link.channels[channel] = topic
+            self._placed[topic] = (address, channel)
+            self._send(link, "sub", channel)
+        if retry:
+            self._mark_dirty(retry)
+
+    def _open(self, address: str, now: float) -> FeedLink | None:
+        if self._retry_at.get(address, 0.0) > now:
+            return None
+        try:
+            connection = self._connect(address)
+            connection.connect()
+        except Exception:
+            failures = self._failures.get(address, 0)
+            self._failures[address] = failures + 1
+            self._retry_at[address] = now + _RECONNECT_DELAYS[min(failures, len(_RECONNECT_DELAYS) - 1)]
+            return None
+        self._retry_at.pop(address, None)
+        self._failures.pop(address, None)
+        link = FeedLink(address, connection)
+        self._links[address] = link
+        return link
+
+    def _send(self, link: FeedLink, kind: str, channel: bytes) -> None:
+        command = {"sub": "SSUBSCRIBE", "unsub": "SUNSUBSCRIBE", "ping": "PING"}[kind]
+        try:
+            if kind == "ping":
+                link.connection.send_command(command)
+            else:
+                link.connection.send_command(command, channel)
+        except Exception:
+            self._fail(link)
+            return
+        link.outstanding.append((kind, channel))
+
+    def _drain(self, link: FeedLink, readable: bool) -> None:
+        # A socket select() reported readable is read at once: the extra non-blocking probe would
+        # only add system calls before the hint reaches its waiters.
+        try:
+            while self._links.get(link.address) is link and (readable or link.connection.can_read(timeout=0)):
+                readable = False
+                try:
+                    reply = link.connection.read_response()
+                except Exception as exc:
+                    if not _is_reply_error(exc):
+                        raise
+                    self._on_error_reply(link)
+                    continue
+                link.last_io = time.monotonic()
+                link.ping_sent = None
+                self._on_reply(link, reply)
+        except Exception:
+            self._fail(link)
+
+    def _on_reply(self, link: FeedLink, reply: Any) -> None:
+        if not isinstance(reply, list) or not reply:
+            if reply in (b"PONG", "PONG"):  # PING before the first subscription
+                self._pop_outstanding(link, "ping")
+            return
+        kind = reply[0]
+        if kind == b"smessage" and len(reply) == 3:
+            topic = link.channels.get(reply[1])
+            if topic is not None:
+                self._on_hint(topic, reply[2])
+        elif kind == b"ssubscribe":
+            self._pop_outstanding(link, "sub")
+            topic = link.channels.get(reply[1])
+            if topic is not None:
+                link.confirmed.add(reply[1])
+                self._prefetch.live(topic, True)
+                # Subscribed only now: a record appended since the subscription's last read sent its
+                # hint to nobody, so make the subscription read once more.
+                self._notify_safely([topic])
+        elif kind == b"sunsubscribe":
+            link.confirmed.discard(reply[1])
+            if link.outstanding and link.outstanding[0] == ("unsub", reply[1]):
+                link.outstanding.popleft()
+                return
+            # Not asked for: the slot moved to another node. Find its new home.
+            topic = link.channels.pop(reply[1], None)
+            if topic is not None:
+                self._placed.pop(topic, None)
+                self._prefetch.live(topic, False)
+                self._topology_changed([topic])
+        elif kind == b"pong":
+            self._pop_outstanding(link, "ping")
+
+    def _pop_outstanding(self, link: FeedLink, kind: str) -> None:
+        if link.outstanding and link.outstanding[0][0] == kind:
+            link.outstanding.popleft()
+
+    def _on_error_reply(self, link: FeedLink) -> None:
+        """A command was refused (``MOVED`` while slots migrate): re-route its topic."""
+        if not link.outstanding:
+            return
+        kind, channel = link.outstanding.popleft()
+        topic = link.channels.pop(channel, None) if kind == "sub" else None
+        if topic is not None:
+            self._placed.pop(topic, None)
+            self._prefetch.live(topic, False)
+            self._topology_changed([topic])
+
+    def _on_hint(self, topic: str, message: bytes) -> None:
+        kind = message[:1]
+        try:
+            if kind in (b"a", b"n"):
+                parts = message.split(b"|", 6)
+                payload = parts[6] if kind == b"a" and len(parts) == 7 else None
+                epoch, ordinal, native, previous, first = parts[1:6]
+                self._prefetch.put(
+                    topic, epoch.decode(), int(ordinal), native.decode(), previous.decode(), int(first), payload
+                )
+            elif kind == b"s":
+                _, epoch, last, native = message.split(b"|", 3)
+                self._prefetch.sealed(topic, epoch.decode(), int(last), native.decode())
+            elif kind == b"t":
+                self._prefetch.trimmed(topic, int(message[2:]))
+            elif kind == b"d":
+                self._prefetch.deleted(topic)
+            else:
+                self._prefetch.trimmed(topic)
+        except ValueError:  # not a hint this version understands: the wake-up alone is still right
+            self._prefetch.trimmed(topic)
+        self._notify_safely([topic])
+
+    def _check_health(self) -> None:
+        now = time.monotonic()
+        for link in list(self._links.values()):
+            if link.ping_sent is not None:
+                if now - link.ping_sent > _HEALTH_INTERVAL:
+                    self._fail(link)
+            elif now - link.last_io > _HEALTH_INTERVAL:
+                link.ping_sent = now
+                self._send(link, "ping", b"")
+
+    def _fail(self, link: FeedLink) -> None:
+        """A link broke: every topic it served may have missed hints, so all of them re-read."""
+        if self._links.get(link.address) is not link:
+            return
+        del self._links[link.address]
+        link.close()
+        topics = list(link.channels.values())
+        for topic in topics:
+            self._placed.pop(topic, None)
+            self._prefetch.live(topic, False)
+        self._retry_at[link.address] = time.monotonic() + _RECONNECT_DELAYS[0]
+        self._mark_dirty(topics)
+        self._notify_safely(topics)  # first: a refresh may wait on unreachable nodes
+        with contextlib.suppress(Exception):
+            self._refresh_topology()
+
+    def _topology_changed(self, topics: list[str]) -> None:
+        with contextlib.suppress(Exception):
+            self._refresh_topology()
+        self._mark_dirty(topics)
+        self._notify_safely(topics)
+
+    def _mark_dirty(self, topics: list[str]) -> None:
+        with self._lock:
+            self._dirty.update(topic for topic in topics if topic in self._watched)
+
+    def _notify_safely(self, topics: list[str]) -> None:
+        for topic in topics:
+            with contextlib.suppress(Exception):  # a waiter's bug must not stop the shared reader
+                self._notify(topic)
+
+
+def _is_reply_error(exc: Exception) -> bool:
+    from redis.exceptions import ResponseError
+
+    return isinstance(exc, ResponseError)
