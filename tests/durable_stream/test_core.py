@@ -62,7 +62,7 @@ def test_options_come_from_the_query_string_too() -> None:
 
 def test_cursor_round_trip_and_binding() -> None:
     codec = CursorCodec("store", "topic")
-    cursor = codec.encode("e" * 32, Position(41, "1700000000000-3"))
+    cursor = codec.encode("e" * 32, 41, "1700000000000-3")
     decoded = codec.decode(cursor)
     assert decoded.epoch == "e" * 32 and decoded.position == Position(41, "1700000000000-3")
     with pytest.raises(CursorUnavailableError):

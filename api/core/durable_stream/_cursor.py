@@ -34,21 +34,22 @@ class DecodedCursor:
 class CursorCodec:
     """Encodes and decodes the cursors of one topic."""
 
-    __slots__ = ("_digest",)
+    __slots__ = ("_digest", "_epoch_field")
 
     def __init__(self, identity: str, topic: str) -> None:
         self._digest = hashlib.blake2b(f"{identity}\0{topic}".encode(), digest_size=8).digest()
+        # (epoch, its encoded field), swapped as one object so concurrent encoders never mix them.
+        self._epoch_field: tuple[str, bytes] = ("", b"")
 
-    def encode(self, epoch: str, position: Position) -> TopicCursor:
-        epoch_bytes = epoch.encode()
-        body = (
-            _HEADER.pack(self._digest, position.ordinal)
-            + bytes([len(epoch_bytes)])
-            + epoch_bytes
-            + position.native.encode()
-        )
+    def encode(self, epoch: str, ordinal: int, native: str) -> TopicCursor:
+        """The cursor that resumes strictly after the record with ``ordinal`` (at ``native``)."""
+        cached = self._epoch_field
+        if cached[0] != epoch:  # a topic has one epoch at a time: encode it once
+            epoch_bytes = epoch.encode()
+            cached = self._epoch_field = (epoch, bytes([len(epoch_bytes)]) + epoch_bytes)
+        body = _HEADER.pack(self._digest, ordinal) + cached[1] + native.encode()
         text = base64.urlsafe_b64encode(body + _checksum(body)).rstrip(b"=").decode("ascii")
-        return TopicCursor(f"{_VERSION}.{text}")
+        return TopicCursor(_VERSION + "." + text)
 
     def decode(self, cursor: object) -> DecodedCursor:
         """Return the cursor's contents.

@@ -107,6 +107,14 @@ class Subscription(DurableStreamSubscription):
                 pass
 
     def receive(self, timeout: float = 0.1) -> DurableStreamRecord | Closed | None:
+        # Fast path: a buffered record needs no clock, no notifier and no driver.
+        if self._state is _State.OPEN and self._buffer:
+            try:
+                stored = self._buffer.popleft()
+            except IndexError:  # cleared by a concurrent close()
+                pass
+            else:
+                return DurableStreamRecord(stored.payload, self._codec.encode(self._epoch, stored.ordinal, stored.native))
         if self._state is _State.NEW:
             self.close()
             raise DurableStreamUnavailableError("receive() called on a subscription that was never entered")
@@ -121,10 +129,7 @@ class Subscription(DurableStreamSubscription):
             except IndexError:  # empty, or cleared by a concurrent close()
                 pass
             else:
-                return DurableStreamRecord(
-                    payload=stored.payload,
-                    cursor=self._codec.encode(self._epoch, Position(stored.ordinal, stored.native)),
-                )
+                return DurableStreamRecord(stored.payload, self._codec.encode(self._epoch, stored.ordinal, stored.native))
             if self._sealed_at is not None and self._position.ordinal >= self._sealed_at:
                 self.close()
                 return CLOSED
