@@ -331,3 +331,17 @@ def test_fuzzed_last_event_id_never_causes_a_5xx(
             assert response.json["code"] == "invalid_resume_token"
     finally:
         response.close()
+
+
+def test_an_idle_stream_pings_and_ends_after_the_idle_timeout(make_harness: Callable[..., AppHarness]) -> None:
+    harness = make_harness(SSE_IDLE_TIMEOUT=1.5, SSE_PING_INTERVAL=0.3)
+    key = harness.create_app("greeting")["api_key"]
+    paused = [m for m in run_streaming(harness, key, {"name": "Ola", "mood": "formal"}) if not m.is_ping]
+    assert paused[-1].json["event"] == "workflow_paused"
+    started = time.monotonic()
+    waiting = stream(
+        reconnect(harness, key, paused[-1].json["task_id"], "u1", last_event_id=paused[-1].id, continue_on_pause="true")
+    )
+    elapsed = time.monotonic() - started
+    assert all(m.is_ping for m in waiting) and len(waiting) >= 4, "a ping at once, then one every ping interval"
+    assert 1.5 <= elapsed < 6, elapsed

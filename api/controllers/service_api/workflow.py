@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Response, request, stream_with_context
+from flask import request
 from flask_restful import Resource
 
-from api.libs.sse import SSE_HEADERS
+from api.controllers.common.workflow_responses import run_events, start_run
 from api.models import App
-from api.services import workflow_event_service as event_streams
 from api.services import workflow_run_service as runs
 from api.services.errors import InvalidParamError
 
@@ -27,14 +26,7 @@ def _json_body() -> Any:
 class WorkflowRunApi(Resource):  # type: ignore[misc]
     @validate_app_token
     def post(self, app_model: App) -> Any:
-        inputs, user, mode = runs.parse_run_request(app_model, _json_body())
-        run = runs.create_run(app_model, inputs, user)
-        if mode == "async":
-            runs.dispatch(run)
-            return {"task_id": run.task_id, "workflow_run_id": run.id}, 202
-        if mode == "streaming":
-            return event_stream_response(event_streams.run_streaming(app_model, run))
-        return runs.run_blocking(app_model, run)
+        return start_run(app_model, _json_body())
 
 
 class WorkflowRunDetailApi(Resource):  # type: ignore[misc]
@@ -72,25 +64,7 @@ class WorkflowEventsApi(Resource):  # type: ignore[misc]
         user = request.args.get("user")
         if not user:
             raise InvalidParamError("the 'user' query parameter is required")
-        run = runs.get_run_by_task(app_model, task_id, user)
-        return event_stream_response(
-            event_streams.reconnect(
-                app_model,
-                run,
-                last_event_id=last_event_id(),
-                continue_on_pause=request.args.get("continue_on_pause", "").lower() in ("1", "true", "yes"),
-            )
-        )
-
-
-def last_event_id() -> str | None:
-    """The header browsers send on reconnect, or a query parameter for clients that cannot set headers."""
-    value = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
-    return value.strip() or None if value else None
-
-
-def event_stream_response(events: Any) -> Response:
-    return Response(stream_with_context(events), mimetype="text/event-stream", headers=SSE_HEADERS)
+        return run_events(app_model, runs.get_run_by_task(app_model, task_id, user))
 
 
 api.add_resource(WorkflowRunApi, "/workflows/run")

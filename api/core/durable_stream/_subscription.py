@@ -114,7 +114,7 @@ class Subscription(DurableStreamSubscription):
             except IndexError:  # cleared by a concurrent close()
                 pass
             else:
-                return DurableStreamRecord(stored.payload, self._codec.encode(self._epoch, stored.ordinal, stored.native))
+                return self._record(stored)
         if self._state is _State.NEW:
             self.close()
             raise DurableStreamUnavailableError("receive() called on a subscription that was never entered")
@@ -129,7 +129,7 @@ class Subscription(DurableStreamSubscription):
             except IndexError:  # empty, or cleared by a concurrent close()
                 pass
             else:
-                return DurableStreamRecord(stored.payload, self._codec.encode(self._epoch, stored.ordinal, stored.native))
+                return self._record(stored)
             if self._sealed_at is not None and self._position.ordinal >= self._sealed_at:
                 self.close()
                 return CLOSED
@@ -148,6 +148,9 @@ class Subscription(DurableStreamSubscription):
             if remaining <= 0:
                 return None
             self._wake.wait(min(remaining, poll_interval))
+
+    def _record(self, stored: StoredRecord) -> DurableStreamRecord:
+        return DurableStreamRecord(stored.payload, self._codec.encode(self._epoch, stored.ordinal, stored.native))
 
     def _fill(self) -> None:
         """Read the next batch into the (empty) buffer, validating it against the expected ordinal."""

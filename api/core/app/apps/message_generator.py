@@ -60,6 +60,7 @@ def stream_topic_events(
     """Yield a ping at once, then events; ping when idle; stop at a terminal event, the sealed end,
     or after ``idle_timeout`` without events. The subscription must already be entered."""
     yield PING
+    poll_timeout = min(poll_timeout, ping_interval)
     last_event = last_ping = time.monotonic()
     pending: StreamMessage | None = None
     while True:
