@@ -39,6 +39,9 @@ __all__ = ["ChannelSubscription", "RedisPubSubChannel"]
 class RedisPubSubChannel:
     """Topics are Redis pub/sub channels named ``key_prefix + name``."""
 
+    _sharded = False
+    _kind = "pubsub channel"
+
     def __init__(self, client: Redis, *, key_prefix: str = "") -> None:
         check_client(client)
         self._client = client
@@ -47,14 +50,18 @@ class RedisPubSubChannel:
     def topic(self, name: str) -> Topic:
         channel = topic_key(self._key_prefix, name)
         return RedisTopic(
-            f"pubsub channel {channel!r}",
+            f"{self._kind} {channel!r}",
             functools.partial(self._publish, channel),
-            functools.partial(ChannelSubscription, self._client, channel, sharded=False),
+            functools.partial(ChannelSubscription, self._client, channel, sharded=self._sharded),
         )
 
     def _publish(self, channel: str, payload: bytes) -> None:
-        with redis_errors_translated(f"PUBLISH to {channel!r}"):
-            self._client.publish(channel, payload)
+        command = "SPUBLISH" if self._sharded else "PUBLISH"
+        with redis_errors_translated(f"{command} to {channel!r}"):
+            if self._sharded:
+                self._client.spublish(channel, payload)
+            else:
+                self._client.publish(channel, payload)
 
 
 def _release_pubsub(pubsub: Any, lease: NoRetryLease) -> None:

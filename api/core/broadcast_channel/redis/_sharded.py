@@ -20,35 +20,13 @@ Capability card:
 
 from __future__ import annotations
 
-import functools
-from typing import TYPE_CHECKING
-
-from .._channel import Topic
-from ._common import RedisTopic, check_client, redis_errors_translated, topic_key
-from ._pubsub import ChannelSubscription
-
-if TYPE_CHECKING:
-    from redis import Redis
+from ._pubsub import RedisPubSubChannel
 
 __all__ = ["RedisShardedChannel"]
 
 
-class RedisShardedChannel:
+class RedisShardedChannel(RedisPubSubChannel):
     """Topics are Redis shard channels named ``key_prefix + name`` (use a ``{hash tag}`` to pick the slot)."""
 
-    def __init__(self, client: Redis, *, key_prefix: str = "") -> None:
-        check_client(client)
-        self._client = client
-        self._key_prefix = key_prefix
-
-    def topic(self, name: str) -> Topic:
-        channel = topic_key(self._key_prefix, name)
-        return RedisTopic(
-            f"shard channel {channel!r}",
-            functools.partial(self._publish, channel),
-            functools.partial(ChannelSubscription, self._client, channel, sharded=True),
-        )
-
-    def _publish(self, channel: str, payload: bytes) -> None:
-        with redis_errors_translated(f"SPUBLISH to {channel!r}"):
-            self._client.spublish(channel, payload)
+    _sharded = True
+    _kind = "shard channel"
