@@ -39,7 +39,7 @@ class GoneError(ServiceError):
     code = "gone"
 
 
-class TimeoutError_(ServiceError):
+class RunWaitTimeoutError(ServiceError):
     status = 504
     code = "timeout"
 

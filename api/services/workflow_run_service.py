@@ -25,7 +25,7 @@ from api.extensions.ext_database import db
 from api.extensions.ext_event_bus import event_transport
 from api.models import App, WorkflowRun, WorkflowRunStatus
 
-from .errors import ConflictError, InvalidParamError, NotFoundError, ServiceUnavailableError, TimeoutError_
+from .errors import ConflictError, InvalidParamError, NotFoundError, RunWaitTimeoutError, ServiceUnavailableError
 
 RESPONSE_MODES = ("blocking", "async", "streaming")
 LEASE_EXPIRED_ERROR = "the worker executing this run stopped responding (lease expired)"
@@ -98,7 +98,7 @@ def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
                 if event["event"] in ("workflow_finished", "workflow_paused"):
                     break
             else:
-                raise TimeoutError_("the run did not finish in time; it goes on in the background")
+                raise RunWaitTimeoutError("the run did not finish in time; it goes on in the background")
     except DurableStreamError as exc:
         raise ServiceUnavailableError(f"the event stream is unavailable: {exc}") from exc
     db.session.refresh(run)
