@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.parse
 
 import pytest
 
@@ -87,3 +88,12 @@ def test_import_linter_contract_holds() -> None:
     if "No module named importlinter.cli" in result.stderr:
         result = subprocess.run(["lint-imports", "--no-cache"], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_backend_repr_shows_the_url_without_secrets(tmp_path: object) -> None:
+    with connect(f"sqlite:////{str(tmp_path).lstrip('/')}/s.db?synchronous=normal") as backend:
+        assert repr(backend) == f"<DurableStreamBackend sqlite:////{str(tmp_path).lstrip('/')}/s.db>"
+    from api.core.durable_stream._connect import _redact
+
+    parts = urllib.parse.urlsplit("postgresql://app:s3cret@db:5432/x?schema=y")
+    assert _redact(parts) == "postgresql://app:***@db:5432/x"

@@ -135,4 +135,5 @@ def _redact(parts: urllib.parse.SplitResult) -> str:
         userinfo, _, host = netloc.rpartition("@")
         user = userinfo.split(":", 1)[0]
         netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=""))
+    # Not urlunsplit: it drops an empty host, turning sqlite:////abs/path into sqlite://abs/path.
+    return f"{parts.scheme}://{netloc}{parts.path}"
