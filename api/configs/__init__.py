@@ -1,6 +1,6 @@
 """Application settings, read from the environment (and an optional ``.env`` file).
 
-``app_config`` is the process-wide instance. Defaults are the embedded setup: SQLite for data and
+Each process builds one in ``create_app()``. Defaults are the embedded setup: SQLite for data and
 streams and Celery's filesystem broker under ``VAR_DIR``, so ``make run`` needs no external service.
 """
 
@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["AppConfig", "app_config"]
+__all__ = ["AppConfig"]
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -65,6 +65,3 @@ class AppConfig(BaseSettings):
 
     def broker_folder(self) -> pathlib.Path:
         return self.VAR_DIR / "broker"
-
-
-app_config = AppConfig()

@@ -30,6 +30,7 @@ from api.core.durable_stream import (
     connect,
 )
 from api.core.durable_stream._cursor import CursorCodec
+from tests.durable_stream.contract._base import drain
 
 SHARED_URL = "postgresql://postgres@127.0.0.1:5432/test"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,19 +68,6 @@ def open_backend(schema: str) -> Iterator[Callable[..., DurableStreamBackend]]:
 
 def _name() -> str:
     return f"pg-{uuid.uuid4().hex}"
-
-
-def _drain(subscription: DurableStreamSubscription, count: int, timeout: float = 20.0) -> list[DurableStreamRecord]:
-    records: list[DurableStreamRecord] = []
-    deadline = time.monotonic() + timeout
-    while len(records) < count:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"received {len(records)} of {count} records before the deadline"
-        result = subscription.receive(timeout=min(remaining, 0.5))
-        assert result is not CLOSED, f"closed after {len(records)} of {count}"
-        if result is not None:
-            records.append(result)
-    return records
 
 
 def _run_python(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -127,7 +115,7 @@ def test_options_from_the_query_string_and_unknown_options(schema: str) -> None:
         for index in range(5):
             topic.append(str(index).encode())
         with topic.subscribe_from_beginning() as subscription:
-            assert [r.payload for r in _drain(subscription, 2)] == [b"3", b"4"]
+            assert [r.payload for r in drain(subscription, 2, timeout=20)] == [b"3", b"4"]
     with pytest.raises(ValueError, match="unknown option"):
         connect(SHARED_URL, schema=schema, no_such_option=1)
     with pytest.raises(ValueError, match="schema"):
@@ -206,7 +194,7 @@ def test_migration_command_and_create_tables_false(schema: str, open_backend: Ca
     topic = backend.topic(_name())
     topic.append(b"after migration")
     with topic.subscribe_from_beginning() as subscription:
-        assert [r.payload for r in _drain(subscription, 1)] == [b"after migration"]
+        assert [r.payload for r in drain(subscription, 1, timeout=20)] == [b"after migration"]
 
 
 def test_database_errors_surface_only_as_contract_errors(
@@ -217,7 +205,7 @@ def test_database_errors_surface_only_as_contract_errors(
     topic.append(b"x")
     subscription = topic.subscribe_from_beginning()
     subscription.__enter__()
-    assert _drain(subscription, 1)[0].payload == b"x"
+    assert drain(subscription, 1, timeout=20)[0].payload == b"x"
     with engine.begin() as conn:
         conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
     with pytest.raises(DurableStreamUnavailableError) as caught:
@@ -238,7 +226,7 @@ def test_large_and_binary_payloads_round_trip(open_backend: Callable[..., Durabl
     for payload in payloads:
         topic.append(payload)
     with topic.subscribe_from_beginning() as subscription:
-        assert [r.payload for r in _drain(subscription, 3)] == payloads
+        assert [r.payload for r in drain(subscription, 3, timeout=20)] == payloads
 
 
 # -- ordering ----------------------------------------------------------------------------------------
@@ -282,7 +270,7 @@ def test_commit_order_equals_ordinal_order_with_slow_committers(
 
     def consume(index: int) -> None:
         try:
-            results[index] = _drain(subscriptions[index], total, timeout=90)
+            results[index] = drain(subscriptions[index], total, timeout=90)
         except BaseException as exc:
             errors.append(exc)
 
@@ -332,7 +320,7 @@ def test_notify_wakes_a_subscription_of_another_backend_quickly(
         for index in range(20):
             started = time.monotonic()
             writer.topic(name).append(str(index).encode())
-            record = _drain(subscription, 1, timeout=5)[0]
+            record = drain(subscription, 1, timeout=5)[0]
             delays.append(time.monotonic() - started)
             assert record.payload == str(index).encode()
     assert statistics.median(delays) < 0.1, delays
@@ -351,7 +339,7 @@ def test_without_notifications_every_record_still_arrives(
         for index in range(8):
             started = time.monotonic()
             writer.topic(name).append(str(index).encode())
-            assert _drain(subscription, 1, timeout=5)[0].payload == str(index).encode()
+            assert drain(subscription, 1, timeout=5)[0].payload == str(index).encode()
             delays.append(time.monotonic() - started)
         writer.topic(name).seal()
         assert subscription.receive(timeout=5) is CLOSED
@@ -430,7 +418,7 @@ def test_many_subscriptions_share_a_bounded_number_of_connections(
     lock = threading.Lock()
 
     def consume(subscription: DurableStreamSubscription) -> None:
-        record = _drain(subscription, 1, timeout=30)[0]
+        record = drain(subscription, 1, timeout=30)[0]
         with lock:
             received.append(record.payload)
 
@@ -467,7 +455,7 @@ def test_max_records_is_applied_by_every_append(
         rows = conn.exec_driver_sql(f'SELECT count(*) FROM "{schema}".records').scalar_one()
     assert rows == 3
     with topic.subscribe_from_beginning() as subscription:
-        assert [r.payload for r in _drain(subscription, 3)] == [b"47", b"48", b"49"]
+        assert [r.payload for r in drain(subscription, 3, timeout=20)] == [b"47", b"48", b"49"]
 
 
 def _bulk_old_records(engine: sqlalchemy.Engine, schema: str, name: str, count: int, age_seconds: float) -> None:
@@ -509,7 +497,7 @@ def test_enforce_retention_works_in_batches_without_stalling_appends(
     backend.topic(other).append(b"young")
     stale = backend.topic(name).subscribe_from_beginning()
     stale.__enter__()
-    assert _drain(stale, 1)[0].payload == bytes.fromhex("ab" * 100)
+    assert drain(stale, 1, timeout=20)[0].payload == bytes.fromhex("ab" * 100)
 
     latencies: list[float] = []
     stop = threading.Event()
@@ -571,7 +559,7 @@ def test_enforce_retention_works_in_batches_without_stalling_appends(
         while stale.receive(timeout=2.0) is not None:
             pass
     with backend.topic(name).subscribe_from_beginning() as fresh:
-        assert [r.payload for r in _drain(fresh, len(appended))] == appended
+        assert [r.payload for r in drain(fresh, len(appended), timeout=20)] == appended
     info_other = backend.admin.topic_info(other)
     assert info_other is not None and info_other.length == 1
 

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -30,6 +30,7 @@ from api.core.durable_stream import (
     connect,
 )
 from api.core.durable_stream._cursor import CursorCodec
+from tests.durable_stream.contract._base import wait_until
 from tests.support.postgres_server import PostgresServer, postgres_available
 
 pytestmark = pytest.mark.skipif(not postgres_available(), reason="PostgreSQL server binaries are not installed")
@@ -61,13 +62,6 @@ def _terminate(server: PostgresServer, application_name: str) -> int:
         f"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '{application_name}'"
     )
     return int(out.strip())
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float, message: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {message}"
-        time.sleep(0.02)
 
 
 def test_connect_to_an_unreachable_server_is_unavailable() -> None:
@@ -110,20 +104,26 @@ def test_terminated_connections_are_replaced_without_skipping(running: PostgresS
 
         consumer = threading.Thread(target=consume)
         consumer.start()
-        _wait_for(lambda: len(received) == 5, 10, "the first records")
-        _wait_for(lambda: len(_backend_pids(running, app)) >= 2, 10, "the hint connection")
+        wait_until(lambda: len(received) == 5, timeout=10, message="the first records")
+        wait_until(lambda: len(_backend_pids(running, app)) >= 2, timeout=10, message="the hint connection")
         before = _backend_pids(running, app)
         assert _terminate(running, app) >= 2  # the hint connection and the idle pooled one(s)
         for index in range(5, 10):
             topic.append(f"r{index}".encode())
-        _wait_for(lambda: len(received) == 10 or bool(errors), 10, "records appended after the termination")
-        _wait_for(lambda: bool(_backend_pids(running, app) - before), 10, "the hint connection to come back")
+        wait_until(
+            lambda: len(received) == 10 or bool(errors), timeout=10, message="records appended after the termination"
+        )
+        wait_until(
+            lambda: bool(_backend_pids(running, app) - before), timeout=10, message="the hint connection to come back"
+        )
         time.sleep(0.2)  # let it LISTEN again
         latencies = []
         for index in range(10, 15):
             started = time.monotonic()
             topic.append(f"r{index}".encode())
-            _wait_for(lambda i=index: len(received) > i or bool(errors), 5, "a record after the reconnect")
+            wait_until(
+                lambda i=index: len(received) > i or bool(errors), timeout=5, message="a record after the reconnect"
+            )
             latencies.append(time.monotonic() - started)
         done.wait(10)
         consumer.join(10)
@@ -156,7 +156,7 @@ def test_idle_pooled_connections_closed_by_the_server_are_never_handed_to_an_app
             thread.join(10)
         assert len(_backend_pids(running, app)) == 4
         _terminate(running, app)
-        _wait_for(lambda: not _backend_pids(running, app), 10, "the terminated backends to exit")
+        wait_until(lambda: not _backend_pids(running, app), timeout=10, message="the terminated backends to exit")
         # Appends are never retried (the record might be stored twice), so each of these succeeding
         # shows that the dead idle connections were discarded at checkout, not used.
         for round_ in range(3):

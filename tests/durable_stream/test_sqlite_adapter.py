@@ -30,6 +30,7 @@ from api.core.durable_stream import (
     connect,
 )
 from api.core.durable_stream._sqlite import SqliteChangeFeed, SqliteDriver
+from tests.durable_stream.contract._base import wait_until
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
 POLLER_NAME = "durable-stream-sqlite-poller"
@@ -380,13 +381,6 @@ def _poller_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name == POLLER_NAME]
 
 
-def _wait_for(condition: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        time.sleep(0.01)
-
-
 def test_the_poller_idles_without_watched_topics_and_costs_little_with_them(db: pathlib.Path) -> None:
     already = set(_poller_threads())
     with connect(_url(db)) as backend:
@@ -408,7 +402,7 @@ def test_the_poller_idles_without_watched_topics_and_costs_little_with_them(db: 
         assert 5 <= checks <= 40, f"{checks} data_version checks in one second at a 0.05 s period"
 
         # No topic watched: the thread waits on an event and stops polling.
-        _wait_for(lambda: not feed._active.is_set())
+        wait_until(lambda: not feed._active.is_set(), timeout=5)
         settled = feed.polls
         time.sleep(0.3)
         assert feed.polls == settled
@@ -426,7 +420,7 @@ def test_close_stops_the_poller_without_waiting_out_its_period(db: pathlib.Path)
     subscription.__enter__()
     feed = _feed(backend)
     assert feed is not None
-    _wait_for(lambda: feed.polls >= 1)
+    wait_until(lambda: feed.polls >= 1, timeout=5)
     started = time.monotonic()
     backend.close()
     assert time.monotonic() - started < 1.0

@@ -5,9 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-TERMINAL_EVENTS = frozenset({"workflow_finished"})
-PAUSE_EVENTS = frozenset({"workflow_paused"})
-
 
 def make_event(event: str, *, task_id: str, workflow_run_id: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"event": event, "task_id": task_id, "workflow_run_id": workflow_run_id, "data": data}

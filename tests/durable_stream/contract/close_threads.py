@@ -106,12 +106,21 @@ class CloseAndThreadsContract(ContractBase):
         subscription = topic.subscribe_from_tail()
         subscription.__enter__()
         waiter_result: list[object] = []
-        waiter = threading.Thread(target=lambda: waiter_result.append(subscription.receive(timeout=30)))
+        returned_at: list[float] = []
+
+        def wait() -> None:
+            waiter_result.append(subscription.receive(timeout=30))
+            returned_at.append(time.monotonic())
+
+        waiter = threading.Thread(target=wait)
         waiter.start()
         time.sleep(0.1)
+        assert not returned_at, "receive() returned before the backend was closed"
+        closed_at = time.monotonic()
         backend.close()
         waiter.join(timeout=5)
         assert waiter_result == [CLOSED]
+        assert returned_at[0] - closed_at < 1.0, "closing the backend did not wake the blocked receive()"
         with pytest.raises(DurableStreamUnavailableError):
             topic.append(b"after close")
         with pytest.raises(DurableStreamUnavailableError):

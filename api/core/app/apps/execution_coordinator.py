@@ -167,10 +167,6 @@ class AppExecutionCoordinator:
             created_at=self.run.created_at,
         )
 
-    def listener_closed(self) -> None:
-        """An observation only: the run goes on and later subscribers can still read its events."""
-        logger.debug("listener detached from run %s", self.run.workflow_run_id)
-
     def _append(self, event: dict[str, Any]) -> None:
         try:
             self._producer.append(json.dumps(event, separators=(",", ":")).encode())
