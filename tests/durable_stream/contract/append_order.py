@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from api.core.durable_stream import DurableStreamBackend, DurableStreamTopic
 
 from ._base import ContractBase, append_all, drain, payloads
@@ -52,7 +54,7 @@ class AppendOrderContract(ContractBase):
         self, open_backend: object, backend: DurableStreamBackend, topic_name: str
     ) -> None:
         if self.store_in_process:
-            return  # a memory store is private to its backend object
+            pytest.skip("a memory store is private to its backend object")
         other = open_backend()  # type: ignore[operator]
         with other.topic(topic_name).subscribe_from_tail() as subscription:
             backend.topic(topic_name).append(b"across")

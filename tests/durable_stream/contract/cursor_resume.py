@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from api.core.durable_stream import DurableStreamBackend, DurableStreamTopic
 
 from ._base import ContractBase, append_all, assert_idle, drain, payloads
@@ -62,7 +64,7 @@ class CursorResumeContract(ContractBase):
         self, open_backend: Callable[..., DurableStreamBackend], backend: DurableStreamBackend, topic_name: str
     ) -> None:
         if self.store_in_process:
-            return  # a memory store is private to its backend object
+            pytest.skip("a memory store is private to its backend object")
         topic = backend.topic(topic_name)
         append_all(topic, payloads(3))
         with topic.subscribe_from_beginning() as subscription:
