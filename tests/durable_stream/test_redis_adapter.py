@@ -259,7 +259,7 @@ def test_expired_topic_keys_are_detected(
     wait_until(lambda: client.exists(meta, stream) == 0, timeout=10, message="the keys to expire")
     expect_unavailable_cursor(backend, name, cursor)
     with pytest.raises(CursorUnavailableError):
-        live.receive(timeout=5)  # the fallback poll finds the topic gone
+        live.receive(timeout=5)  # the periodic head check finds the topic gone
     assert live.receive(timeout=0) is CLOSED
 
 
@@ -478,6 +478,19 @@ def _subscribed_topics(backend: DurableStreamBackend) -> set[str]:
     return {topic for feed in driver_of(backend)._feeds for topic in feed.subscribed_topics()}
 
 
+def _count_head_checks(driver: RedisDriver) -> list[list[str]]:
+    """Record the topics of every periodic head check (the real check still runs)."""
+    made: list[list[str]] = []
+    original = driver._heads
+
+    def counted(topics: list[str]) -> Any:
+        made.append(list(topics))
+        return original(topics)
+
+    driver._heads = counted  # type: ignore[method-assign]
+    return made
+
+
 def _count_reads(driver: RedisDriver) -> Callable[[], int]:
     """Count the reads that reach Redis by wrapping the deployment's read (the real one still runs)."""
     counter = [0]
@@ -539,32 +552,94 @@ def test_no_backend_error_type_escapes_on_a_closed_backend(open_backend: Callabl
     assert not type(raised.value).__module__.startswith("redis")
 
 
-def test_idle_polls_are_answered_from_the_mirrored_head(
+def test_idle_subscriptions_cost_no_reads_and_one_head_check_covers_all_topics(
     open_backend: Callable[..., DurableStreamBackend], name: str
 ) -> None:
     backend = open_backend(poll_interval=0.05)
     driver = driver_of(backend)
     reads = _count_reads(driver)
-    topic = backend.topic(name)
-    topic.append(b"r0")
-    with topic.subscribe_from_beginning() as subscription:
-        assert [r.payload for r in drain(subscription, 1)] == [b"r0"]
-        wait_until(lambda: name in _subscribed_topics(backend), message="the shared reader to subscribe")
-        subscription.receive(timeout=0.1)  # one read from Redis after the hints are live: mirrored
-        before = reads()
-        assert subscription.receive(timeout=1.0) is None  # some 20 fallback polls
-        assert reads() - before <= 1, "idle polls went to Redis"
-        with connect(SHARED_URL, key_prefix=KEY_PREFIX) as other:
-            other.topic(name).append(b"r1")
-            other.topic(name).seal()
+    checks = _count_head_checks(driver)
+    names = [f"{name}-{index}" for index in range(5)]
+    subscriptions = []
+    for topic_name in names:
+        backend.topic(topic_name).append(b"r0")
+        for _ in range(2):
+            subscription = backend.topic(topic_name).subscribe_from_beginning()
+            subscription.__enter__()
+            assert [r.payload for r in drain(subscription, 1)] == [b"r0"]
+            subscriptions.append(subscription)
+    wait_until(lambda: set(names) <= _subscribed_topics(backend), message="the shared reader to subscribe")
+    wait_until(lambda: len(checks) >= 2, message="two periodic head checks")
+    before_reads, before_checks = reads(), len(checks)
+    started = time.monotonic()
+    for subscription in subscriptions:
+        assert subscription.receive(timeout=0.1) is None
+    elapsed = time.monotonic() - started
+    assert reads() == before_reads, "idle subscriptions read from Redis"
+    made = checks[before_checks:]
+    assert made, "no periodic head check while idle"
+    assert len(made) <= elapsed / 0.05 + 2  # one check per interval, however many subscriptions wait
+    assert all(sorted(topics) == sorted(names) for topics in made)
+    with connect(SHARED_URL, key_prefix=KEY_PREFIX) as other:
+        other.topic(names[0]).append(b"r1")
+        other.topic(names[0]).seal()
+    for subscription in subscriptions[:2]:
         assert [r.payload for r in drain_until_closed(subscription)] == [b"r1"]
+    for subscription in subscriptions:
+        subscription.close()
+
+
+def test_a_lost_hint_is_recovered_by_the_periodic_head_check(
+    open_backend: Callable[..., DurableStreamBackend], name: str
+) -> None:
+    reader, writer = open_backend(poll_interval=0.2), open_backend()
+    feed_driver = driver_of(reader)
+    with reader.topic(name).subscribe_from_tail() as subscription:
+        wait_until(lambda: name in _subscribed_topics(reader), message="the shared reader to subscribe")
+        feed = feed_driver._feeds[0]
+        dropped: list[bytes] = []
+        deliver = feed._on_hint
+
+        def lose_one(topic: str, message: bytes) -> None:
+            if topic == name and not dropped:
+                dropped.append(message)  # as if the link had lost it
+                return
+            deliver(topic, message)
+
+        feed._on_hint = lose_one  # type: ignore[method-assign]
+        started = time.monotonic()
+        writer.topic(name).append(b"unannounced")
+        assert [r.payload for r in drain(subscription, 1, timeout=5)] == [b"unannounced"]
+        # Without the check it would wait for the subscription's own last-resort re-read.
+        assert time.monotonic() - started < min(2.0, feed_driver.poll_interval / 2)
+        # The hint did arrive (and was dropped), possibly after the check had already delivered.
+        wait_until(lambda: bool(dropped), message="the hint to be intercepted")
+
+
+def test_a_seal_right_after_an_append_closes_readers_fed_from_the_prefetch(
+    open_backend: Callable[..., DurableStreamBackend], name: str
+) -> None:
+    reader, writer = open_backend(), open_backend()
+    for round_ in range(20):
+        topic_name = f"{name}-{round_}"
+        with reader.topic(topic_name).subscribe_from_tail() as subscription:
+            wait_until(
+                lambda topic_name=topic_name: topic_name in _subscribed_topics(reader),
+                message="the shared reader to subscribe",
+            )
+            writer.topic(topic_name).append(b"last")
+            writer.topic(topic_name).seal()
+            started = time.monotonic()
+            assert [r.payload for r in drain_until_closed(subscription, timeout=5)] == [b"last"]
+            # The seal's hint must reach a reader that took the record from the prefetch.
+            assert time.monotonic() - started < 1.0
 
 
 def test_keys_deleted_by_hand_are_detected_by_a_waiting_reader_without_any_hint(
     open_backend: Callable[..., DurableStreamBackend], client: redis.Redis, name: str
 ) -> None:
-    # max_age_seconds=4 bounds how long a mirrored head is trusted to 1 s.
-    backend = open_backend(max_age_seconds=4, poll_interval=0.1)
+    # Nothing but the periodic head check (every poll_interval) can notice this.
+    backend = open_backend(poll_interval=0.1)
     topic = backend.topic(name)
     topic.append(b"r0")
     with topic.subscribe_from_beginning() as subscription:

@@ -1,19 +1,40 @@
-"""Keep blocking C calls off the gevent hub.
+"""Cooperation with gevent: blocking C calls off the hub, and cheap wake-ups for waiting subscriptions.
 
 Under gevent monkey-patching the API workers run many greenlets on one OS thread; a C call that
 blocks (SQLite waiting on a lock or ``fsync``) would stall all of them. Such calls go through
 gevent's native threadpool when ``threading`` is patched, and run inline everywhere else.
+
+Every waiting subscription blocks on a :class:`Wake`. Without gevent that is a
+``threading.Event``. Under gevent, the patched ``Event.wait(timeout)`` arms a ``gevent.Timeout``
+whose expiry is an exception thrown into the waiting greenlet, and that costs about three times
+the wake-up itself; an API worker with thousands of idle SSE streams spends most of its CPU there.
+:class:`_HubWake` waits on a plain hub timer and a ``Waiter`` instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
+import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["gevent_active", "run_blocking"]
+__all__ = ["Wake", "gevent_active", "new_wake", "run_blocking"]
 
 T = TypeVar("T")
+
+
+class Wake(Protocol):
+    """What a subscription waits on: the subset of ``threading.Event`` it uses."""
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 def gevent_active() -> bool:
@@ -32,3 +53,188 @@ def run_blocking(fn: Callable[[], T]) -> T:
 
     result: T = gevent.get_hub().threadpool.apply(fn)
     return result
+
+
+def new_wake() -> Wake:
+    """A wake-up flag for one waiter: ``threading.Event``, or the cheaper hub version under gevent."""
+    if gevent_active():
+        return _HubWake()
+    return threading.Event()
+
+
+class _HubWake:
+    """``set``/``clear``/``wait(timeout)`` for greenlets of one gevent hub.
+
+    ``set`` may be called from any greenlet or OS thread; the waiters are woken by a callback on
+    their hub's loop (the thread-safe variant when called from another OS thread). Timeouts are
+    kept by the hub's :class:`_Deadlines`, to within its resolution (5 ms). The hub is the one of
+    the first ``wait``; a wait from another OS thread later (a subscription handed to a native
+    thread) falls back to ``gevent.sleep`` polling of the flag, which is slow but correct.
+
+    Nothing is allocated per wait in the common case: with thousands of subscriptions waiting in
+    turn, per-wait objects (a waiter, a timer, its bound callback) each live just long enough to be
+    promoted by the cyclic GC, whose collections then stall every greenlet for tens of milliseconds.
+    """
+
+    __slots__ = ("_deadlines", "_flag", "_hub", "_spare", "_thread", "_waiters")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._hub: Any = None
+        self._deadlines: _Deadlines | None = None
+        self._thread = 0
+        self._waiters: list[Any] = []
+        self._spare: Any = None  # one Waiter, reused across waits
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def clear(self) -> None:
+        self._flag = False
+
+    def set(self) -> None:
+        self._flag = True
+        self._wake_all(True)
+
+    def _wake_all(self, value: bool) -> None:
+        waiters = self._waiters
+        if not waiters:
+            return
+        loop = self._hub.loop
+        schedule = loop.run_callback if _gevent().thread_id() == self._thread else loop.run_callback_threadsafe
+        while waiters:  # pop one by one (atomic), so a waiter added meanwhile is either woken or sees the flag
+            try:
+                waiter = waiters.pop()
+            except IndexError:
+                break
+            schedule(waiter.switch, value)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
+        parts = _gevent()
+        if self._hub is None:
+            self._hub, self._thread = parts.get_hub(), parts.thread_id()
+            self._deadlines = _Deadlines.of(self._hub)
+        elif parts.thread_id() != self._thread:
+            return self._wait_elsewhere(timeout)
+        waiter, self._spare = self._spare, None
+        if waiter is None:
+            waiter = parts.Waiter(self._hub)
+        else:
+            # A switch that arrived after its wait ended (a deadline and set() firing together) is
+            # dropped here; one arriving during the next wait only makes that wait return early.
+            waiter.clear()
+        deadlines = self._deadlines
+        assert deadlines is not None
+        tick = None if timeout is None else deadlines.add(self, timeout)
+        self._waiters.append(waiter)
+        try:
+            if not self._flag:  # set() from another OS thread may have run since the first check
+                waiter.get()
+        finally:
+            if tick is not None:
+                deadlines.discard(self, tick)
+            with contextlib.suppress(ValueError):  # set() took it already
+                self._waiters.remove(waiter)
+            self._spare = waiter
+        return self._flag
+
+    def _wait_elsewhere(self, timeout: float | None) -> bool:
+        import time
+
+        import gevent
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._flag:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            gevent.sleep(0.005)
+        return self._flag
+
+
+class _Deadlines:
+    """The timeouts of every :class:`_HubWake` of one hub, kept by one repeating timer.
+
+    Waits are filed under the tick (of ``RESOLUTION`` seconds) their deadline falls in; the timer
+    runs only while some wait has a deadline, and at each tick wakes the waits filed under the ticks
+    that have passed. Filing and unfiling a wait allocates nothing once its tick's set exists.
+    """
+
+    RESOLUTION = 0.005
+    _by_hub: weakref.WeakKeyDictionary[Any, _Deadlines] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, hub: Any) -> _Deadlines:
+        deadlines = cls._by_hub.get(hub)
+        if deadlines is None:
+            deadlines = cls._by_hub[hub] = cls(hub)
+        return deadlines
+
+    def __init__(self, hub: Any) -> None:
+        import heapq
+        import time
+
+        self._loop = hub.loop
+        self._clock = time.monotonic
+        self._push, self._pop = heapq.heappush, heapq.heappop
+        self._slots: dict[int, set[_HubWake]] = {}
+        self._ticks: list[int] = []  # a heap of the keys of _slots
+        self._timer: Any = None
+
+    def add(self, wake: _HubWake, timeout: float) -> int:
+        tick = int((self._clock() + max(timeout, 0.0)) / self.RESOLUTION) + 1
+        slot = self._slots.get(tick)
+        if slot is None:
+            slot = self._slots[tick] = set()
+            self._push(self._ticks, tick)
+        slot.add(wake)
+        if self._timer is None:
+            self._timer = self._loop.timer(self.RESOLUTION, self.RESOLUTION)
+            self._timer.start(self._fire)
+        return tick
+
+    def discard(self, wake: _HubWake, tick: int) -> None:
+        slot = self._slots.get(tick)
+        if slot is not None:
+            slot.discard(wake)
+            if not slot:
+                del self._slots[tick]  # its entry in the heap goes when the tick passes
+
+    def _fire(self) -> None:
+        now = int(self._clock() / self.RESOLUTION)
+        ticks = self._ticks
+        while ticks and ticks[0] <= now:
+            slot = self._slots.pop(self._pop(ticks), None)
+            if slot:
+                for wake in slot:
+                    wake._wake_all(False)
+        if not self._slots and self._timer is not None:
+            # Nothing waits with a deadline: stop ticking (an idle hub must be able to exit).
+            ticks.clear()
+            self._timer.close()
+            self._timer = None
+
+
+class _GeventParts:
+    """gevent's pieces that :class:`_HubWake` uses, imported once (only when gevent is active)."""
+
+    def __init__(self) -> None:
+        from gevent._waiter import Waiter
+        from gevent.hub import get_hub
+        from gevent.monkey import get_original
+
+        self.Waiter: Any = Waiter
+        self.get_hub: Callable[[], Any] = get_hub
+        # The OS thread, not the greenlet: patched threading.get_ident names greenlets.
+        self.thread_id: Callable[[], int] = get_original("_thread", "get_ident")
+
+
+_parts: _GeventParts | None = None
+
+
+def _gevent() -> _GeventParts:
+    global _parts
+    if _parts is None:
+        _parts = _GeventParts()
+    return _parts

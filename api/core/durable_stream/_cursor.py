@@ -36,10 +36,11 @@ class DecodedCursor:
 class CursorCodec:
     """Encodes and decodes the cursors of one topic."""
 
-    __slots__ = ("_digest", "_epoch_field")
+    __slots__ = ("_epoch_field", "digest")
 
     def __init__(self, identity: str, topic: str) -> None:
-        self._digest = hashlib.blake2b(f"{identity}\0{topic}".encode(), digest_size=8).digest()
+        #: Names the (store, topic) pair: equal digests encode equal cursors.
+        self.digest = hashlib.blake2b(f"{identity}\0{topic}".encode(), digest_size=8).digest()
         # (epoch, its encoded field), swapped as one object so concurrent encoders never mix them.
         self._epoch_field: tuple[str, bytes] = ("", b"")
 
@@ -49,7 +50,7 @@ class CursorCodec:
         if cached[0] != epoch:  # a topic has one epoch at a time: encode it once
             epoch_bytes = epoch.encode()
             cached = self._epoch_field = (epoch, bytes([len(epoch_bytes)]) + epoch_bytes)
-        body = _HEADER.pack(self._digest, ordinal) + cached[1] + native.encode()
+        body = _HEADER.pack(self.digest, ordinal) + cached[1] + native.encode()
         # binascii + translate: the same text as base64.urlsafe_b64encode, without its Python wrappers
         # (this runs once per delivered record).
         raw = body + hashlib.blake2b(body, digest_size=_CHECKSUM_SIZE).digest()
@@ -77,7 +78,7 @@ class CursorCodec:
         if len(body) < _HEADER.size + 1 or _checksum(body) != checksum:
             raise CursorUnavailableError("malformed cursor: truncated or corrupted")
         digest, ordinal = _HEADER.unpack_from(body)
-        if digest != self._digest:
+        if digest != self.digest:
             raise CursorUnavailableError("cursor belongs to another topic")
         epoch_length = body[_HEADER.size]
         epoch_end = _HEADER.size + 1 + epoch_length

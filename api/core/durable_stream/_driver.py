@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from ._contract import DurableStreamRecord
 
 __all__ = [
     "Batch",
@@ -26,13 +29,13 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Position:
+class Position(NamedTuple):
     """A point in a topic: the ordinal of the last record before it.
 
     ``native`` is the backend's own position for that record (a Redis stream ID, a JetStream
     sequence) when the adapter knows it, and ``""`` when the adapter must locate the ordinal
-    itself. It never leaves the library except inside an opaque cursor.
+    itself. It never leaves the library except inside an opaque cursor. (A named tuple: one is
+    made for every batch a subscription takes, and a tuple is the cheapest immutable value.)
     """
 
     ordinal: int
@@ -55,11 +58,32 @@ class TopicHead:
     last_native: str = ""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class StoredRecord:
-    ordinal: int
-    native: str
-    payload: bytes
+    """One record as a driver read it.
+
+    ``delivered`` belongs to the subscription engine: a batch that several subscriptions of one
+    topic share (the Redis prefetch hands the same batch to all of them) carries the public record
+    built for the first one, so the others reuse its cursor instead of encoding it again. Drivers
+    never set it and must not modify a record after returning it.
+    """
+
+    __slots__ = ("delivered", "native", "ordinal", "payload")
+
+    def __init__(self, ordinal: int, native: str, payload: bytes) -> None:
+        self.ordinal = ordinal
+        self.native = native
+        self.payload = payload
+        self.delivered: tuple[bytes, str, DurableStreamRecord] | None = None
+
+    def __repr__(self) -> str:
+        return f"StoredRecord(ordinal={self.ordinal!r}, native={self.native!r}, payload={self.payload!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StoredRecord):
+            return NotImplemented
+        return (self.ordinal, self.native, self.payload) == (other.ordinal, other.native, other.payload)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable (the cache), so not hashable
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

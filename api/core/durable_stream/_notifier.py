@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from ._cooperative import Wake
 from ._driver import ChangeFeed
 
 __all__ = ["Notifier"]
@@ -20,7 +21,7 @@ class Notifier:
     def __init__(self, open_feed: Callable[[Callable[[str], None]], ChangeFeed | None]) -> None:
         self._open_feed = open_feed
         self._lock = threading.Lock()
-        self._waiters: dict[str, set[threading.Event]] = {}
+        self._waiters: dict[str, set[Wake]] = {}
         self._versions: dict[str, int] = {}
         self._feed: ChangeFeed | None = None
         self._feed_opened = False
@@ -29,7 +30,7 @@ class Notifier:
     def version(self, topic: str) -> int:
         return self._versions.get(topic, 0)
 
-    def register(self, topic: str, wake: threading.Event) -> None:
+    def register(self, topic: str, wake: Wake) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -47,7 +48,7 @@ class Notifier:
         if first and feed is not None:
             feed.watch(topic)
 
-    def unregister(self, topic: str, wake: threading.Event) -> None:
+    def unregister(self, topic: str, wake: Wake) -> None:
         with self._lock:
             waiters = self._waiters.get(topic)
             if waiters is None:

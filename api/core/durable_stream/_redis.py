@@ -17,9 +17,9 @@ Capability card
 - Wake-ups: each script ``SPUBLISH``es a hint on the topic's sharded channel; one listener thread per
   backend object keeps one dedicated connection per node (no retries, health-checked) subscribed
   to the watched topics, and prefetches just-appended records for readers at the tail (see
-  :mod:`._redis_feed`). Subscriptions also check every ``poll_interval`` (1 s) without a hint;
-  while the listener mirrors a topic's head (at most 5 s after its last read from Redis) such a
-  check costs no round trip.
+  :mod:`._redis_feed`). Beside it, every ``poll_interval`` (1 s) one pipelined round trip per node
+  and 256 topics checks the heads of all watched topics, and wakes those that changed without a
+  hint (expiry, keys deleted by hand, a lost hint); an idle subscription costs nothing in between.
 - Options:
   ``key_prefix`` (default ``ds:``; must not contain ``{`` or ``}``),
   ``max_records`` (exact ``MAXLEN`` on every append and in ``enforce_retention()``),
@@ -30,9 +30,8 @@ Capability card
   ``max_connections`` (pool for appends and other commands, default 16),
   ``socket_timeout`` (default 5 s), ``socket_connect_timeout`` (default 2 s),
   ``prefetch`` (default true), ``hint_payload_limit`` (largest payload copied into a hint,
-  default 16384 bytes; 0 sends wake-ups only), ``poll_interval`` (default 1 s: how often an idle
-  subscription re-checks its topic without a hint; each check is answered locally while the
-  topic's head is mirrored, see :mod:`._redis_feed`),
+  default 16384 bytes; 0 sends wake-ups only), ``poll_interval`` (default 1 s: how often the
+  heads of watched topics are checked for changes that sent no hint),
   ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs`` (``rediss://`` only).
 - Limits: a topic is one stream, so one topic's throughput is bounded by one node. Every Redis
   error (refused or reset connection, timeout, ``CLUSTERDOWN``, ``OOM``) surfaces as
@@ -41,6 +40,7 @@ Capability card
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -49,6 +49,7 @@ import re
 import secrets
 import select
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
@@ -112,6 +113,10 @@ class _Deployment(Protocol):
         """The READ script's reply: ``{epoch, first, last, sealed, last id, entries}`` or empty."""
         ...
 
+    def heads(self, keys: Sequence[tuple[bytes, bytes]]) -> list[tuple[Any, Any]]:
+        """``(HMGET meta e l i s, XLEN stream)`` for each ``(meta, stream)``, in one round trip per node."""
+        ...
+
     def scan(self, pattern: bytes) -> Iterator[bytes]: ...
 
     def ping(self) -> None: ...
@@ -130,46 +135,66 @@ class _ConnectionPool:
 
     It replaces redis-py's client and pool layers on the hot path (they cost several times the
     round trip itself on a small machine) but keeps redis-py's connections and hiredis parser.
+    Checkout and return are a ``deque`` pop and append (atomic); the condition is only touched
+    when the pool is exhausted and someone waits.
     """
 
     def __init__(self, factory: Callable[[], Any], size: int, timeout: float) -> None:
         self._factory = factory
-        self._slots = threading.BoundedSemaphore(size)
-        self._idle: list[Any] = []
+        self._size = size
+        self._idle: collections.deque[Any] = collections.deque()
         self._created: list[Any] = []
-        self._lock = threading.Lock()
-        self._timeout = timeout
+        self._waiting = 0
+        self._available = threading.Condition(threading.Lock())
+        self._timeout = max(timeout, _POOL_WAIT)
 
     def acquire(self) -> Any:
-        if not self._slots.acquire(timeout=max(self._timeout, _POOL_WAIT)):
-            raise DurableStreamUnavailableError("no Redis connection became free in time")
         try:
-            with self._lock:
-                connection = self._idle.pop() if self._idle else None
-            if connection is None:
-                connection = self._factory()
-                with self._lock:
-                    self._created.append(connection)
-            elif not _idle_socket_healthy(connection):
-                # The server closed it (restart, idle timeout): never send a command into a dead
-                # socket, where an append could not tell "refused" from "maybe stored".
-                connection.disconnect()
-            return connection
-        except BaseException:
-            self._slots.release()
-            raise
+            connection = self._idle.pop()
+        except IndexError:
+            connection = self._create_or_wait()
+        if not _idle_socket_healthy(connection):
+            # The server closed it (restart, idle timeout): never send a command into a dead
+            # socket, where an append could not tell "refused" from "maybe stored".
+            connection.disconnect()
+        return connection
+
+    def _create_or_wait(self) -> Any:
+        deadline = time.monotonic() + self._timeout
+        with self._available:
+            # Counted before looking, so that a release() that finds nobody waiting has already
+            # put its connection where this loop will see it.
+            self._waiting += 1
+            try:
+                while True:
+                    try:
+                        return self._idle.pop()
+                    except IndexError:
+                        pass
+                    if len(self._created) < self._size:
+                        connection = self._factory()
+                        self._created.append(connection)
+                        return connection
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise DurableStreamUnavailableError("no Redis connection became free in time")
+                    self._available.wait(remaining)
+            finally:
+                self._waiting -= 1
 
     def release(self, connection: Any, healthy: bool) -> None:
         if not healthy:
             with contextlib.suppress(Exception):
                 connection.disconnect()
-        with self._lock:
-            self._idle.append(connection)
-        self._slots.release()
+        self._idle.append(connection)
+        if self._waiting:
+            with self._available:
+                self._available.notify()
 
     def close(self) -> None:
-        with self._lock:
-            connections, self._created, self._idle = self._created, [], []
+        with self._available:
+            connections, self._created = self._created, []
+            self._idle.clear()
         for connection in connections:
             with contextlib.suppress(Exception):
                 connection.disconnect()
@@ -202,12 +227,19 @@ class _Standalone:
         return self._connection_class(**{**self._kwargs, "client_name": client_name})
 
     def _execute(self, pool: _ConnectionPool, *args: Any) -> Any:
+        return self._roundtrip(pool, None, args)
+
+    def _roundtrip(self, pool: _ConnectionPool, packed: bytes | None, args: Sequence[Any] = ()) -> Any:
+        """Send one command (``packed`` already, or ``args`` to be packed) and read its reply."""
         from redis.exceptions import ResponseError
 
         connection = pool.acquire()
         healthy = False
         try:
-            connection.send_command(*args)
+            if packed is None:
+                connection.send_command(*args)
+            else:
+                connection.send_packed_command((packed,), check_health=False)
             try:
                 reply = connection.read_response()
             except ResponseError:
@@ -217,6 +249,16 @@ class _Standalone:
             return reply
         finally:
             pool.release(connection, healthy)
+
+    def evalsha_packed(self, script: _Script, command: bytes) -> Any:
+        """Run an ``EVALSHA`` of ``script`` that :class:`_PackedAppend` encoded, on a write connection."""
+        from redis.exceptions import NoScriptError
+
+        try:
+            return self._roundtrip(self._writer, command)
+        except NoScriptError:  # not run at all (a restarted server forgot it): safe to load and repeat
+            self._execute(self._writer, "SCRIPT", "LOAD", script.source)
+            return self._roundtrip(self._writer, command)
 
     def evalsha(self, script: _Script, keys: Sequence[bytes], args: Sequence[Any], *, read: bool = False) -> Any:
         from redis.exceptions import NoScriptError
@@ -250,6 +292,13 @@ class _Standalone:
             # No stream ID to start from, and not at the first record: locate the ordinal server-side.
             return self.evalsha(_READ, keys, (after.ordinal, "", limit), read=True)
         return [state[0], first, last, 1 if state[3] else 0, state[2] or b"", entries]
+
+    def heads(self, keys: Sequence[tuple[bytes, bytes]]) -> list[tuple[Any, Any]]:
+        commands = [
+            command for meta, stream in keys for command in (("HMGET", meta, "e", "l", "i", "s"), ("XLEN", stream))
+        ]
+        results = self._transaction(self._reader, *commands)
+        return list(zip(results[::2], results[1::2], strict=True))
 
     def _transaction(self, pool: _ConnectionPool, *commands: tuple[Any, ...]) -> Any:
         connection = pool.acquire()
@@ -333,6 +382,16 @@ class _Cluster:
     def read(self, keys: Sequence[bytes], after: Position, limit: int) -> Any:
         return self.evalsha(_READ, keys, (after.ordinal, after.native, limit), read=True)
 
+    def heads(self, keys: Sequence[tuple[bytes, bytes]]) -> list[tuple[Any, Any]]:
+        # Not one transaction (the topics live in different slots): a change between a topic's two
+        # commands also sends a hint, which makes the periodic check ignore this answer.
+        pipeline = self._reader.pipeline(transaction=False)
+        for meta, stream in keys:
+            pipeline.hmget(meta, "e", "l", "i", "s")
+            pipeline.xlen(stream)
+        results = pipeline.execute()
+        return list(zip(results[::2], results[1::2], strict=True))
+
     def scan(self, pattern: bytes) -> Iterator[bytes]:
         yield from self._writer.scan_iter(match=pattern, count=1000)
 
@@ -366,9 +425,49 @@ class _Cluster:
                 client.close()
 
 
+class _PackedAppend:
+    """The append command, encoded in RESP by hand: everything but the payload and epoch is per topic
+    and constant, so it is encoded once per topic instead of once per append (redis-py's generic
+    packing costs more than the rest of the client side of an append).
+    """
+
+    _CACHED_TOPICS = 4096
+
+    def __init__(self, keys_of: Callable[[str], tuple[bytes, bytes, bytes]], max_records: int, max_age_ms: int) -> None:
+        self._keys_of = keys_of
+        self._limits = _bulk(str(max_records).encode()) + _bulk(str(max_age_ms).encode())
+        self._heads: dict[str, bytes] = {}
+
+    def command(self, topic: str, payload: bytes, epoch: bytes, hint: bool) -> bytes:
+        head = self._heads.get(topic)
+        if head is None:
+            if len(self._heads) >= self._CACHED_TOPICS:
+                self._heads.clear()
+            keys = b"".join(_bulk(key) for key in self._keys_of(topic))
+            head = b"*11\r\n" + _bulk(b"EVALSHA") + _bulk(_APPEND.sha.encode()) + _bulk(b"3") + keys
+            self._heads[topic] = head
+        return b"%b$%d\r\n%b\r\n%b%b%b" % (
+            head,
+            len(payload),
+            payload,
+            _bulk(epoch),
+            self._limits,
+            _HINT_WITH_PAYLOAD if hint else _HINT_WITHOUT_PAYLOAD,
+        )
+
+
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%b\r\n" % (len(value), value)
+
+
+_HINT_WITH_PAYLOAD = _bulk(b"1")
+_HINT_WITHOUT_PAYLOAD = _bulk(b"0")
+
+
 class RedisDriver:
-    #: Subscriptions re-read this often without a hint: missed hints cost at most this much delay.
-    poll_interval = 1.0
+    #: A subscription's own re-read without any wake-up, a last resort: the change feed checks the
+    #: heads of all watched topics every ``poll_interval`` option seconds and wakes those that changed.
+    poll_interval = 15.0
 
     def __init__(self, url: str, options: Options) -> None:
         parts = urllib.parse.urlsplit(url)
@@ -385,7 +484,10 @@ class RedisDriver:
         max_connections = options.pop_int("max_connections", 16, minimum=1)
         socket_timeout = options.pop_float("socket_timeout", 5.0, minimum=0.01)
         connect_timeout = options.pop_float("socket_connect_timeout", 2.0, minimum=0.01)
-        self.poll_interval = options.pop_float("poll_interval", RedisDriver.poll_interval, minimum=0.01) or 1.0
+        sweep_interval = options.pop_float("poll_interval", 1.0, minimum=0.01)
+        assert sweep_interval is not None
+        self._sweep_interval = sweep_interval
+        self.poll_interval = max(RedisDriver.poll_interval, 10 * sweep_interval)
         prefetch = options.pop_bool("prefetch", True)
         hint_limit = options.pop_int("hint_payload_limit", 16384, minimum=0)
         assert read_connections and max_connections and socket_timeout and connect_timeout and hint_limit is not None
@@ -402,7 +504,8 @@ class RedisDriver:
         # have expired meanwhile. Without it they stay exact however old (a chain of stream IDs proves
         # them), and a short limit would only turn a lagging reader's hits into reads from Redis.
         max_age_hint = 60.0 if max_age is None else min(1.0, max_age / 4)
-        mirror_age = 5.0 if max_age is None else min(5.0, max_age / 4)
+        # The feed's periodic check renews a mirrored head every sweep_interval; an older one is not used.
+        mirror_age = 3 * sweep_interval
         self._prefetch = Prefetch(max_age=max_age_hint, mirror_age=mirror_age) if prefetch else None
         self._name = f"durable-stream-{secrets.token_hex(3)}"
         self._feed_lock = threading.Lock()
@@ -428,6 +531,8 @@ class RedisDriver:
                 else _Standalone(url, common, read_connections, max_connections, self._name)
             ),
         )
+        self._standalone = self._redis if isinstance(self._redis, _Standalone) else None
+        self._packed_append = _PackedAppend(self._keys, self._max_records, self._max_age_ms)
         try:
             _translate("connect", self._redis.ping)
         except BaseException:
@@ -455,8 +560,15 @@ class RedisDriver:
     # -- Driver -----------------------------------------------------------------------------
 
     def append(self, topic: str, payload: bytes) -> None:
-        hint = "1" if len(payload) <= self._hint_limit else "0"
-        reply = self._eval("append", _APPEND, topic, (payload, _new_epoch(), self._max_records, self._max_age_ms, hint))
+        hint = len(payload) <= self._hint_limit
+        epoch = _new_epoch()
+        standalone, packed = self._standalone, self._packed_append
+        if standalone is not None:
+            command = packed.command(topic, payload, epoch.encode(), hint)
+            reply = _translate("append", lambda: standalone.evalsha_packed(_APPEND, command))
+        else:
+            args = (payload, epoch, self._max_records, self._max_age_ms, "1" if hint else "0")
+            reply = self._eval("append", _APPEND, topic, args)
         if reply[0] == 0:
             raise TopicSealedError(f"topic {topic!r} is sealed")
         if self._prefetch is not None:
@@ -492,6 +604,19 @@ class RedisDriver:
         if stamp is not None and self._prefetch is not None:
             self._prefetch.observe(topic, stamp, head)
         return Batch(head=head, records=[_parse_record(entry) for entry in reply[5]])
+
+    def _heads(self, topics: list[str]) -> list[TopicHead | None]:
+        """The heads of many topics at once, for the change feed's periodic check."""
+        keys = [self._keys(topic)[:2] for topic in topics]
+        replies = _translate("head check", lambda: self._redis.heads(keys))
+        heads: list[TopicHead | None] = []
+        for (epoch, last, last_native, sealed), length in replies:
+            if epoch is None:
+                heads.append(None)
+                continue
+            ordinal = int(last or 0)
+            heads.append(_parse_head([epoch, ordinal - int(length) + 1, ordinal, sealed, last_native or b""]))
+        return heads
 
     def topic_info(self, topic: str) -> TopicInfo | None:
         reply = self._eval("topic info", _INFO, topic, ())
@@ -541,6 +666,8 @@ class RedisDriver:
             address_of=redis.address_of,
             connect=lambda address: redis.feed_connection(address, name),
             refresh_topology=redis.refresh_topology,
+            sweep=self._heads,
+            sweep_interval=self._sweep_interval,
             name=name,
         )
         with self._feed_lock:

@@ -7,9 +7,12 @@ into ``notify(topic)``. Append hints carry the record itself, which goes into a 
 prefetch (:class:`Prefetch`) so that subscriptions at the live tail get it without another round
 trip, however many of them share the topic.
 
-Hints are only hints: a lost one delays delivery until the subscription's fallback poll, and a
-prefetched record is used only when it provably follows the reader's position (see
-:meth:`Prefetch.lookup`). Every gap, epoch and seal decision still comes from the stream itself.
+Hints are only hints: a prefetched record is used only when it provably follows the reader's
+position (see :meth:`Prefetch.lookup`), and every gap, epoch and seal decision still comes from the
+stream itself. A second thread checks the heads of all watched topics every ``sweep_interval`` in a
+few pipelined round trips and wakes the topics whose head moved without a hint (expired keys, keys
+deleted by hand, a lost hint): that bounds the delay of such changes for every subscription at once,
+so subscriptions need no fallback polls of their own.
 
 Why sharded pub/sub rather than one ``XREAD BLOCK`` over all watched stream keys: in Redis Cluster
 a multi-key ``XREAD`` must keep all its keys in one hash slot (``CROSSSLOT`` otherwise, even on one
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import random
 import select
 import socket
@@ -41,16 +43,17 @@ _TICK = 1.0
 #: An idle link is pinged this often; no answer within the same time means it is dead.
 _HEALTH_INTERVAL = 5.0
 _RETRY_TICK = 0.05
+#: How long a batch built from hints stays shared: the subscriptions it woke take it within this.
+_BATCH_LIFETIME = 0.05
+#: Topics whose heads one round trip of the periodic check reads.
+_SWEEP_CHUNK = 256
 _RECONNECT_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Hint:
-    epoch: str
-    ordinal: int
-    native: str
-    payload: bytes
-    received: float
+#: A prefetched record: ``(ordinal, stream ID, payload, epoch, monotonic time received)``. A plain
+#: tuple of atoms, which the cyclic GC stops tracking after its first pass: thousands of these live
+#: for seconds, and as tracked objects they would make every full collection longer.
+_Hint = tuple[int, str, bytes, str, float]
 
 
 class _TopicView:
@@ -62,23 +65,30 @@ class _TopicView:
         "epoch",
         "first",
         "last",
+        "last_native",
         "live",
-        "mirror",
         "mirror_until",
+        "mirrored",
+        "sealed",
     )
 
     def __init__(self) -> None:
         self.by_previous: collections.OrderedDict[str, _Hint] = collections.OrderedDict()
         # Batches already built, by (predecessor, limit): every subscription of a topic at the same
-        # position gets the same immutable batch. Cleared whenever the topic's hints change.
+        # position gets the same immutable batch. Cleared whenever the topic's hints change, and
+        # soon after they were built (see Prefetch.expire).
         self.batches: dict[tuple[str, int], Batch] = {}
+        # The head as known from hints, reads and checks (the highest ordinal seen in this epoch).
         self.epoch = ""
         self.first = 0
-        self.last = 0  # the highest ordinal seen in this epoch
+        self.last = 0
+        self.last_native = ""
+        self.sealed = False
         self.dead_epochs: set[str] = set()
         self.changes = 0  # every event seen for the topic; a read that overlaps one is not mirrored
         self.live = False  # the shared reader's subscription to the topic's hints is confirmed
-        self.mirror: TopicHead | None = None
+        # The known head is exactly the server's (until mirror_until): see Prefetch, "mirrored".
+        self.mirrored = False
         self.mirror_until = 0.0
 
     def forget_records(self) -> None:
@@ -86,8 +96,11 @@ class _TopicView:
         self.batches.clear()
 
     def forget_head(self) -> None:
-        self.mirror = None
+        self.mirrored = False
         self.changes += 1
+
+    def head(self) -> TopicHead:
+        return TopicHead(self.epoch, self.first, self.last, self.sealed, self.last_native)
 
 
 class Prefetch:
@@ -100,22 +113,26 @@ class Prefetch:
     subscription still checks the batch's epoch. Records older than ``max_age`` or below a known
     trim are never handed out, and at most ``per_topic`` records are kept per topic.
 
-    The head, mirrored: after a read from the server that overlapped no hint while the topic's
-    hint subscription was live, every later change of the topic made through this library arrives
-    as a hint, in order. Until ``mirror_age`` has passed, a reader already at that head (the
-    subscriptions' fallback polls) is answered without a round trip. Changes that send no hint (key
-    expiry, keys deleted by hand, ``FLUSHALL``) are therefore seen at the latest after
-    ``mirror_age`` plus the poll interval; a broken link forgets every mirror at once.
+    The head, as announced: every hint, every read from the server and every periodic head check
+    that overlapped no hint updates what is known of the topic's epoch, last ordinal and seal. A
+    periodic check that finds the server elsewhere (:meth:`swept`) is a change that sent no hint (key
+    expiry, keys deleted by hand, ``FLUSHALL``) or a lost hint, and wakes the topic's waiters.
+
+    The head, mirrored: while the topic's hint subscription is live, that known head is also handed
+    to a reader already at it (a subscription's last-resort re-read) without a round trip, for at
+    most ``mirror_age`` after the read or check that confirmed it; a broken link forgets every
+    mirror at once.
     """
 
     def __init__(
-        self, *, per_topic: int = 64, max_age: float = 1.0, max_payload: int = 16384, mirror_age: float = 5.0
+        self, *, per_topic: int = 16, max_age: float = 1.0, max_payload: int = 16384, mirror_age: float = 5.0
     ) -> None:
         self.per_topic = per_topic
         self.max_age = max_age
         self.max_payload = max_payload
         self.mirror_age = mirror_age
         self._topics: dict[str, _TopicView] = {}
+        self._built: collections.deque[tuple[float, str, tuple[str, int]]] = collections.deque()
         self._lock = threading.Lock()
 
     def watch(self, topic: str) -> None:
@@ -151,23 +168,20 @@ class Prefetch:
             if state is None:
                 return
             state.changes += 1
-            mirror = state.mirror
-            if mirror is not None:
-                if mirror.epoch != epoch or ordinal > mirror.last + 1:
-                    state.mirror = None  # a hint was missed, or a new incarnation: read again
-                elif ordinal == mirror.last + 1:
-                    state.mirror = TopicHead(epoch, max(mirror.first, first), ordinal, False, native)
+            if state.mirrored and (epoch != state.epoch or ordinal > state.last + 1):
+                state.mirrored = False  # a hint was missed, or a new incarnation: read again
             if epoch in state.dead_epochs:
                 return
             if state.epoch != epoch:
                 state.forget_records()
-                state.epoch, state.first, state.last = epoch, first, 0
+                state.epoch, state.first, state.last, state.last_native, state.sealed = epoch, first, 0, "", False
             state.first = max(state.first, first)
-            state.last = max(state.last, ordinal)
+            if ordinal > state.last:
+                state.last, state.last_native = ordinal, native
+            state.batches.clear()  # built with an older head
             if payload is None or not previous or len(payload) > self.max_payload or ordinal < state.first:
                 return
-            state.by_previous[previous] = _Hint(epoch, ordinal, native, payload, time.monotonic())
-            state.batches.clear()
+            state.by_previous[previous] = (ordinal, native, payload, epoch, time.monotonic())
             while len(state.by_previous) > self.per_topic:
                 state.by_previous.popitem(last=False)
 
@@ -177,11 +191,13 @@ class Prefetch:
             if state is None:
                 return
             state.changes += 1
-            mirror = state.mirror
-            if mirror is not None and mirror.epoch == epoch and mirror.last == last:
-                state.mirror = dataclasses.replace(mirror, sealed=True)
-            else:
-                state.mirror = None
+            if state.mirrored and (epoch != state.epoch or last != state.last):
+                state.mirrored = False
+            if state.epoch == epoch:
+                if last > state.last:
+                    state.last, state.last_native = last, native
+                state.sealed = True
+                state.batches.clear()  # built with the unsealed head
 
     def trimmed(self, topic: str, first: int | None = None) -> None:
         """Records were removed: forget everything prefetched, and ignore late hints below ``first``."""
@@ -201,7 +217,7 @@ class Prefetch:
                 state.forget_head()
                 if state.epoch:
                     state.dead_epochs.add(state.epoch)
-                state.epoch, state.first, state.last = "", 0, 0
+                state.epoch, state.first, state.last, state.last_native, state.sealed = "", 0, 0, "", False
 
     def invalidate(self, topic: str) -> None:
         with self._lock:
@@ -210,21 +226,79 @@ class Prefetch:
                 state.forget_head()
 
     def stamp(self, topic: str) -> int | None:
-        """Taken before a read from the server; ``None`` when its head could not be mirrored."""
+        """Taken before a read from the server; ``None`` when the topic is not watched."""
         with self._lock:
             state = self._topics.get(topic)
-            return state.changes if state is not None and state.live else None
+            return state.changes if state is not None else None
 
     def observe(self, topic: str, stamp: int | None, head: TopicHead) -> None:
-        """A read from the server returned ``head``: mirror it if nothing happened meanwhile."""
+        """A subscription's read from the server returned ``head``: adopt it if nothing happened meanwhile."""
         if stamp is None:
             return
         with self._lock:
             state = self._topics.get(topic)
-            if state is not None and state.live and state.changes == stamp:
-                state.mirror = head
-                # Spread the expiries: topics mirrored together must not all read again together.
-                state.mirror_until = time.monotonic() + self.mirror_age * random.uniform(0.5, 1.0)
+            if state is not None and state.changes == stamp:
+                self._adopt(state, head)
+
+    def swept(self, topic: str, stamp: int | None, head: TopicHead | None) -> bool:
+        """The periodic head check read ``head`` (``None``: no such topic); return whether waiters must re-read.
+
+        That is when the head differs from what the hints announced: a change that sent no hint (key
+        expiry, keys deleted by hand, ``FLUSHALL``) or a hint that was lost. A check that overlapped a
+        hint proves nothing and is ignored; the hint woke the waiters anyway, and the next check looks again.
+        """
+        if stamp is None:
+            return False
+        with self._lock:
+            state = self._topics.get(topic)
+            if state is None or state.changes != stamp:
+                return False
+            if head is None:
+                changed = bool(state.epoch)
+                state.forget_records()
+                state.forget_head()
+                if state.epoch:
+                    state.dead_epochs.add(state.epoch)
+                state.epoch, state.first, state.last, state.last_native, state.sealed = "", 0, 0, "", False
+                return changed
+            changed = head.epoch != state.epoch or head.last != state.last or head.sealed != state.sealed
+            if changed:
+                state.changes += 1  # reads in flight started before this news: they must not mirror
+            self._adopt(state, head)
+            return changed
+
+    def _adopt(self, state: _TopicView, head: TopicHead) -> None:
+        """``head`` is the topic as of now (no hint arrived since it was read): remember, and mirror it."""
+        state.batches.clear()  # built with an older head
+        if head.epoch != state.epoch:
+            state.forget_records()
+            if state.epoch:
+                state.dead_epochs.add(state.epoch)  # late hints of the old incarnation are ignored
+            state.epoch, state.first = head.epoch, head.first
+            state.last, state.last_native = head.last, head.last_native
+        else:
+            state.first = max(state.first, head.first)
+            if head.last >= state.last:
+                state.last, state.last_native = head.last, head.last_native
+        state.sealed = head.sealed
+        state.mirrored = state.live and state.last == head.last
+        if state.mirrored:
+            # Spread the expiries: topics mirrored together must not all read again together.
+            state.mirror_until = time.monotonic() + self.mirror_age * random.uniform(0.5, 1.0)
+
+    def expire(self, older_than: float) -> None:
+        """Drop shared batches built before ``older_than``: their readers have taken them by then, and
+        a cached batch kept until the topic's next append would outlive the cyclic GC's young
+        generations with everything it holds."""
+        built = self._built
+        if not built or built[0][0] >= older_than:
+            return
+        with self._lock:
+            while built and built[0][0] < older_than:
+                _, topic, key = built.popleft()
+                state = self._topics.get(topic)
+                if state is not None:
+                    state.batches.pop(key, None)
 
     def lookup(self, topic: str, after: Position, limit: int) -> Batch | None:
         """The batch a read after ``after`` would return, if what was seen proves it; else ``None``."""
@@ -235,41 +309,45 @@ class Prefetch:
             if state is None:
                 return None
             hint = state.by_previous.get(after.native)
-            if hint is None or hint.ordinal != after.ordinal + 1 or hint.ordinal < state.first:
+            if hint is None:
+                return self._idle(state, after)
+            ordinal, native, payload, epoch, received = hint
+            if ordinal != after.ordinal + 1 or ordinal < state.first:
                 return self._idle(state, after)
             oldest = time.monotonic() - self.max_age
-            if hint.received < oldest or hint.epoch != state.epoch:
+            if received < oldest or epoch != state.epoch:
                 return self._idle(state, after)
             key = (after.native, limit)
             batch = state.batches.get(key)
             if batch is not None:
                 return batch
-            records = [StoredRecord(hint.ordinal, hint.native, hint.payload)]
+            records = [StoredRecord(ordinal, native, payload)]
             while len(records) < limit:
-                following = state.by_previous.get(hint.native)
-                if following is None or following.ordinal != hint.ordinal + 1 or following.epoch != hint.epoch:
+                following = state.by_previous.get(native)
+                if following is None:
                     break
-                if following.received < oldest:
+                next_ordinal, next_native, next_payload, next_epoch, next_received = following
+                if next_ordinal != ordinal + 1 or next_epoch != epoch or next_received < oldest:
                     break
-                hint = following
-                records.append(StoredRecord(hint.ordinal, hint.native, hint.payload))
+                ordinal, native = next_ordinal, next_native
+                records.append(StoredRecord(ordinal, native, next_payload))
             # The head is the topic as of the newest append seen: records up to it may be missing here
             # (a lost hint), so a reader that stops short of it reads again instead of waiting.
             last = state.last
-            native = hint.native if last <= records[-1].ordinal else ""
-            batch = Batch(head=TopicHead(hint.epoch, state.first, last, False, native), records=tuple(records))
+            head = TopicHead(epoch, state.first, last, state.sealed, native if last <= ordinal else "")
+            batch = Batch(head=head, records=tuple(records))
             state.batches[key] = batch
+            self._built.append((time.monotonic(), topic, key))
             return batch
 
     @staticmethod
     def _idle(state: _TopicView, after: Position) -> Batch | None:
         """A reader at the mirrored head: nothing new, and the mirror is the head."""
-        mirror = state.mirror
-        if mirror is None or not state.live or time.monotonic() >= state.mirror_until:
+        if not state.mirrored or not state.live or time.monotonic() >= state.mirror_until:
             return None
-        if after.ordinal != mirror.last or after.native != mirror.last_native:
+        if after.ordinal != state.last or after.native != state.last_native:
             return None
-        return Batch(head=mirror, records=())
+        return Batch(head=state.head(), records=())
 
 
 class FeedLink:
@@ -304,6 +382,8 @@ class Feed:
         address_of: Callable[[bytes], str],
         connect: Callable[[str], Any],
         refresh_topology: Callable[[], None],
+        sweep: Callable[[list[str]], list[TopicHead | None]],
+        sweep_interval: float,
         name: str,
     ) -> None:
         self._notify = notify
@@ -312,6 +392,8 @@ class Feed:
         self._address_of = address_of
         self._connect = connect
         self._refresh_topology = refresh_topology
+        self._sweep = sweep
+        self._sweep_interval = sweep_interval
         self._lock = threading.Lock()
         self._watched: dict[str, bytes] = {}
         self._dirty: set[str] = set()  # topics whose subscription must be (re)checked
@@ -323,8 +405,11 @@ class Feed:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        self._sweeper = threading.Thread(target=self._sweep_periodically, name=f"{name}:sweep", daemon=True)
+        self._sweeper.start()
 
     # -- called from any thread -------------------------------------------------------------
 
@@ -349,9 +434,11 @@ class Feed:
             if self._closed:
                 return
             self._closed = True
+        self._stopped.set()
         self._wake()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
+        for thread in (self._thread, self._sweeper):
+            if thread is not threading.current_thread():
+                thread.join(timeout=5.0)
         for sock in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 sock.close()
@@ -381,6 +468,7 @@ class Feed:
                 ready = self._wait()
                 for link in list(self._links.values()):
                     self._drain(link, link.socket() in ready)
+                self._prefetch.expire(time.monotonic() - _BATCH_LIFETIME)
                 self._check_health()
         finally:
             for link in list(self._links.values()):
@@ -557,6 +645,38 @@ class Feed:
         except ValueError:  # not a hint this version understands: the wake-up alone is still right
             self._prefetch.trimmed(topic)
         self._notify_safely([topic])
+
+    # -- the sweeper thread -----------------------------------------------------------------
+
+    def _sweep_periodically(self) -> None:
+        """Compare every watched topic's head with what the hints said, once per ``sweep_interval``.
+
+        This is what turns a change without a hint into a short delay: subscriptions themselves
+        then need no fallback polls of their own, which at thousands of idle subscriptions per
+        process would cost more than delivery. It runs beside the listener so that hints never wait
+        for it, in chunks so that one round trip carries many topics.
+        """
+        while not self._stopped.wait(self._sweep_interval):
+            with self._lock:
+                topics = list(self._watched)
+            for start in range(0, len(topics), _SWEEP_CHUNK):
+                if self._stopped.is_set():
+                    return
+                chunk = topics[start : start + _SWEEP_CHUNK]
+                stamps = [self._prefetch.stamp(topic) for topic in chunk]
+                try:
+                    heads = self._sweep(chunk)
+                except Exception:  # the waiters' own reads will report it, or find the server back
+                    for topic in chunk:
+                        self._prefetch.invalidate(topic)
+                    self._notify_safely(chunk)
+                    continue
+                changed = [
+                    topic
+                    for topic, stamp, head in zip(chunk, stamps, heads, strict=True)
+                    if self._prefetch.swept(topic, stamp, head)
+                ]
+                self._notify_safely(changed)
 
     def _check_health(self) -> None:
         now = time.monotonic()

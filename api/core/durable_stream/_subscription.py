@@ -24,6 +24,7 @@ from ._contract import (
     DurableStreamSubscription,
     DurableStreamUnavailableError,
 )
+from ._cooperative import new_wake
 from ._cursor import CursorCodec
 from ._driver import Batch, Position, StoredRecord
 
@@ -54,12 +55,14 @@ class Subscription(DurableStreamSubscription):
         self._topic = topic
         self._codec = codec
         self._epoch = epoch
-        self._position = start
+        # The position as two attributes, not a Position: one object per delivery that lives until
+        # the next one would be promoted by the cyclic GC at every subscription.
+        self._ordinal, self._native = start.ordinal, start.native
         self._buffer: collections.deque[StoredRecord] = collections.deque()
         self._sealed_at: int | None = None
         self._state = _State.NEW
         self._state_lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = new_wake()
         self._seen_version: int | None = None
         self._last_read = 0.0
 
@@ -107,10 +110,11 @@ class Subscription(DurableStreamSubscription):
                 pass
 
     def receive(self, timeout: float = 0.1) -> DurableStreamRecord | Closed | None:
+        buffer = self._buffer
         # Fast path: a buffered record needs no clock, no notifier and no driver.
-        if self._state is _State.OPEN and self._buffer:
+        if buffer and self._state is _State.OPEN:
             try:
-                stored = self._buffer.popleft()
+                stored = buffer.popleft()
             except IndexError:  # cleared by a concurrent close()
                 pass
             else:
@@ -124,39 +128,47 @@ class Subscription(DurableStreamSubscription):
         while True:
             if self._state is _State.CLOSED:
                 return CLOSED
-            try:
-                stored = self._buffer.popleft()
-            except IndexError:  # empty, or cleared by a concurrent close()
-                pass
-            else:
+            if buffer:
+                try:
+                    stored = buffer.popleft()
+                except IndexError:  # cleared by a concurrent close()
+                    continue
                 return self._record(stored)
-            if self._sealed_at is not None and self._position.ordinal >= self._sealed_at:
+            if self._sealed_at is not None and self._ordinal >= self._sealed_at:
                 self.close()
                 return CLOSED
             now = time.monotonic()
-            stale = now - self._last_read >= poll_interval
-            if stale or notifier.version(self._topic) != self._seen_version:
+            if now - self._last_read >= poll_interval or notifier.version(self._topic) != self._seen_version:
                 self._wake.clear()
                 try:
                     self._fill()
                 except BaseException:
                     self.close()
                     raise
-                if self._buffer or self._sealed_at is not None:
+                if buffer or self._sealed_at is not None:
                     continue
-            remaining = deadline - time.monotonic()
+                now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 return None
             self._wake.wait(min(remaining, poll_interval))
 
     def _record(self, stored: StoredRecord) -> DurableStreamRecord:
-        return DurableStreamRecord(stored.payload, self._codec.encode(self._epoch, stored.ordinal, stored.native))
+        codec = self._codec
+        shared = stored.delivered
+        # Subscriptions of one topic that share a batch share its records' cursors too.
+        if shared is not None and shared[0] == codec.digest and shared[1] == self._epoch:
+            return shared[2]
+        record = DurableStreamRecord(stored.payload, codec.encode(self._epoch, stored.ordinal, stored.native))
+        stored.delivered = (codec.digest, self._epoch, record)
+        return record
 
     def _fill(self) -> None:
         """Read the next batch into the (empty) buffer, validating it against the expected ordinal."""
         version = self._backend._notifier.version(self._topic)
         try:
-            batch = self._backend._driver.read(self._topic, self._position, self._backend._buffer_size)
+            after = Position(self._ordinal, self._native)
+            batch = self._backend._driver.read(self._topic, after, self._backend._buffer_size)
         except DurableStreamError:
             raise
         except Exception as exc:  # an adapter bug must still surface as a contract error
@@ -169,7 +181,7 @@ class Subscription(DurableStreamSubscription):
     def _accept(self, batch: Batch) -> bool:
         """Buffer a validated batch; return whether it reached the topic's last record."""
         head = batch.head
-        position = self._position.ordinal
+        position = self._ordinal
         if head is None or head.epoch != self._epoch:
             raise CursorUnavailableError(
                 f"topic {self._topic!r} was deleted, expired or re-created after this position was fixed"
@@ -185,11 +197,11 @@ class Subscription(DurableStreamSubscription):
                 if record.ordinal != expected + offset:
                     raise DurableStreamUnavailableError(f"backend returned a non-contiguous batch for {self._topic!r}")
             self._buffer.extend(records)
-            self._position = Position(records[-1].ordinal, records[-1].native)
+            self._ordinal, self._native = records[-1].ordinal, records[-1].native
         elif head.first > expected or head.last < position:
             raise CursorUnavailableError(f"position {position} of topic {self._topic!r} is no longer retained")
         elif head.last > position:
             raise DurableStreamUnavailableError(f"backend returned no records after {position} of {self._topic!r}")
         if head.sealed:
             self._sealed_at = head.last
-        return self._position.ordinal >= head.last
+        return self._ordinal >= head.last

@@ -1,0 +1,131 @@
+"""The gevent side of :mod:`api.core.durable_stream._cooperative`, in a monkey-patched child process.
+
+The test run itself is not patched, so the scenarios run as one script that patches first and
+reports what it measured; the assertions are made here.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+SCENARIOS = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, threading, time
+    import gevent
+    from api.core.durable_stream._cooperative import new_wake, _HubWake
+
+    report = {"patched": monkey.is_module_patched("threading"), "kind": type(new_wake()).__name__}
+
+    wake = new_wake()
+    wake.set()
+    report["set_before_wait"] = wake.wait(5.0)
+    wake.clear()
+    started = time.monotonic()
+    report["timeout_result"] = wake.wait(0.05)
+    report["timeout_elapsed"] = time.monotonic() - started
+
+    def set_later(delay, target):
+        gevent.sleep(delay)
+        target.set()
+
+    woken = new_wake()
+    gevent.spawn(set_later, 0.05, woken)
+    started = time.monotonic()
+    report["greenlet_result"] = woken.wait(5.0)
+    report["greenlet_elapsed"] = time.monotonic() - started
+
+    # A greenlet that ticks while another waits: the wait must not block the hub.
+    ticks = []
+    ticker = gevent.spawn(lambda: [ticks.append(gevent.sleep(0.01)) for _ in range(10)])
+    new_wake().wait(0.2)
+    ticker.join()
+    report["ticks_during_wait"] = len(ticks)
+
+    # set() from a native OS thread (gevent's threadpool) must wake a waiting greenlet.
+    native = new_wake()
+    pool = gevent.get_hub().threadpool
+    pool.spawn(lambda: (time.sleep(0.05), native.set()))
+    started = time.monotonic()
+    report["native_result"] = native.wait(5.0)
+    report["native_elapsed"] = time.monotonic() - started
+
+    # Many waiters, one set each, all woken.
+    wakes = [new_wake() for _ in range(200)]
+    results = []
+    waiters = [gevent.spawn(lambda w: results.append(w.wait(5.0)), w) for w in wakes]
+    gevent.sleep(0.01)
+    for w in wakes:
+        w.set()
+    gevent.joinall(waiters, timeout=5)
+    report["many_woken"] = sum(1 for r in results if r)
+
+    # A killed waiter leaves nothing behind.
+    lonely = new_wake()
+    victim = gevent.spawn(lonely.wait, 5.0)
+    gevent.sleep(0.01)
+    victim.kill()
+    report["waiters_after_kill"] = len(lonely._waiters)
+    lonely.set()
+    print(json.dumps(report))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", SCENARIOS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_under_gevent_the_hub_wake_is_used(report: dict[str, object]) -> None:
+    assert report["patched"] is True
+    assert report["kind"] == "_HubWake"
+
+
+def test_a_set_wake_returns_at_once_and_an_unset_one_times_out(report: dict[str, object]) -> None:
+    assert report["set_before_wait"] is True
+    assert report["timeout_result"] is False
+    assert 0.04 <= float(report["timeout_elapsed"]) < 1.0  # type: ignore[arg-type]
+
+
+def test_set_from_another_greenlet_wakes_the_waiter_without_blocking_the_hub(report: dict[str, object]) -> None:
+    assert report["greenlet_result"] is True
+    assert float(report["greenlet_elapsed"]) < 1.0  # type: ignore[arg-type]
+    assert report["ticks_during_wait"] == 10
+
+
+def test_set_from_a_native_thread_wakes_the_waiter(report: dict[str, object]) -> None:
+    assert report["native_result"] is True
+    assert float(report["native_elapsed"]) < 1.0  # type: ignore[arg-type]
+
+
+def test_every_waiter_is_woken_and_a_killed_one_is_forgotten(report: dict[str, object]) -> None:
+    assert report["many_woken"] == 200
+    assert report["waiters_after_kill"] == 0
+
+
+def test_without_gevent_the_wake_is_a_threading_event() -> None:
+    import threading
+
+    from api.core.durable_stream._cooperative import new_wake
+
+    assert isinstance(new_wake(), type(threading.Event()))
