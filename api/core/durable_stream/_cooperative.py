@@ -135,8 +135,10 @@ class _HubWake:
         finally:
             if tick is not None:
                 deadlines.discard(self, tick)
-            with contextlib.suppress(ValueError):  # set() took it already
-                self._waiters.remove(waiter)
+            waiters = self._waiters
+            if waiters:  # usually empty: set() took the waiter to wake it
+                with contextlib.suppress(ValueError):
+                    waiters.remove(waiter)
             self._spare = waiter
         return self._flag
 

@@ -46,7 +46,7 @@ _RETRY_TICK = 0.05
 #: How long a batch built from hints stays shared: the subscriptions it woke take it within this.
 _BATCH_LIFETIME = 0.05
 #: Topics whose heads one round trip of the periodic check reads.
-_SWEEP_CHUNK = 256
+_SWEEP_CHUNK = 64
 _RECONNECT_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
@@ -77,7 +77,7 @@ class _TopicView:
         # Batches already built, by (predecessor, limit): every subscription of a topic at the same
         # position gets the same immutable batch. Cleared whenever the topic's hints change, and
         # soon after they were built (see Prefetch.expire).
-        self.batches: dict[tuple[str, int], Batch] = {}
+        self.batches: dict[tuple[str, int], tuple[Batch, float]] = {}  # with its oldest hint's arrival
         # The head as known from hints, reads and checks (the highest ordinal seen in this epoch).
         self.epoch = ""
         self.first = 0
@@ -141,7 +141,9 @@ class Prefetch:
 
     def unwatch(self, topic: str) -> None:
         with self._lock:
-            self._topics.pop(topic, None)
+            state = self._topics.pop(topic, None)
+            if state is not None:
+                state.forget_records()  # a reader still holding the view must not find a batch
 
     def clear(self) -> None:
         with self._lock:
@@ -304,10 +306,16 @@ class Prefetch:
         """The batch a read after ``after`` would return, if what was seen proves it; else ``None``."""
         if not after.native:
             return None
+        key = (after.native, limit)
+        state = self._topics.get(topic)
+        if state is None:
+            return None
+        # Without the lock: a cached batch leaves the cache (under the lock) before anything that
+        # outdates it is announced, so one found here is still right.
+        cached = state.batches.get(key)
+        if cached is not None and cached[1] >= time.monotonic() - self.max_age:
+            return cached[0]
         with self._lock:
-            state = self._topics.get(topic)
-            if state is None:
-                return None
             hint = state.by_previous.get(after.native)
             if hint is None:
                 return self._idle(state, after)
@@ -317,10 +325,6 @@ class Prefetch:
             oldest = time.monotonic() - self.max_age
             if received < oldest or epoch != state.epoch:
                 return self._idle(state, after)
-            key = (after.native, limit)
-            batch = state.batches.get(key)
-            if batch is not None:
-                return batch
             records = [StoredRecord(ordinal, native, payload)]
             while len(records) < limit:
                 following = state.by_previous.get(native)
@@ -336,7 +340,7 @@ class Prefetch:
             last = state.last
             head = TopicHead(epoch, state.first, last, state.sealed, native if last <= ordinal else "")
             batch = Batch(head=head, records=tuple(records))
-            state.batches[key] = batch
+            state.batches[key] = (batch, received)
             self._built.append((time.monotonic(), topic, key))
             return batch
 
@@ -677,6 +681,7 @@ class Feed:
                     if self._prefetch.swept(topic, stamp, head)
                 ]
                 self._notify_safely(changed)
+                time.sleep(0)  # under gevent, let the subscriptions run between chunks
 
     def _check_health(self) -> None:
         now = time.monotonic()
