@@ -15,7 +15,7 @@ from api.core.durable_stream import DurableStreamBackend, DurableStreamTopic
 
 from ._base import ContractBase, drain
 
-BULK_RECORDS = 100_000
+BULK_RECORDS = 50_000
 BULK_PAYLOAD = 200
 BULK_THREADS = 4
 
@@ -52,7 +52,8 @@ class BackpressureContract(ContractBase):
                 peak = max(peak, process.memory_info().rss)
                 time.sleep(0.05)
             grown = peak - before
-            assert grown < 10 * 1024 * 1024, f"RSS grew by {grown / 1e6:.1f} MB while the subscriber did not read"
+            # Buffering them all would take well over 15 MB (200-byte payloads plus a record object each).
+            assert grown < 5 * 1024 * 1024, f"RSS grew by {grown / 1e6:.1f} MB while the subscriber did not read"
             indices = [int(record.payload[:12]) for record in drain(subscription, BULK_RECORDS, timeout=300)]
             assert sorted(indices) == list(range(BULK_RECORDS)), "records were lost or repeated"
             for lane in range(BULK_THREADS):  # each appending thread's own records arrive in its order
