@@ -803,25 +803,17 @@ def main(argv: list[str] | None = None) -> None:
             results["catchup"] = bench_catchup(url, 10000 if quick else 100000, [128, 500])
         # 30 s: percentiles over 600,000 deliveries, of which the one full collection of the cyclic
         # GC right after 10,000 subscriptions were opened (about 150 ms) is a part, not all.
-        if "fanout" in only:
-            results["fanout"] = bench_fanout(
-                url,
-                100 if quick else 1000,
-                10,
-                200.0 if quick else args.fanout_rate,
-                3.0 if quick else 30.0,
-                args.poll_interval,
-            )
-        if "fanout_gc_frozen" in only:
-            results["fanout_gc_frozen"] = bench_fanout(
-                url,
-                100 if quick else 1000,
-                10,
-                200.0 if quick else args.fanout_rate,
-                3.0 if quick else 30.0,
-                args.poll_interval,
-                gc_freeze=True,
-            )
+        for key, frozen in (("fanout", False), ("fanout_gc_frozen", True)):
+            if key in only:
+                results[key] = bench_fanout(
+                    url,
+                    100 if quick else 1000,
+                    10,
+                    200.0 if quick else args.fanout_rate,
+                    3.0 if quick else 30.0,
+                    args.poll_interval,
+                    gc_freeze=frozen,
+                )
         if "broadcast" in only:
             results["broadcast_streams"] = bench_broadcast(
                 url, 2000 if quick else 10000, 3 if quick else 5, 300 if quick else 2000, 500.0
