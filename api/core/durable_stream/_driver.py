@@ -35,7 +35,7 @@ class Position(NamedTuple):
     ``native`` is the backend's own position for that record (a Redis stream ID, a JetStream
     sequence) when the adapter knows it, and ``""`` when the adapter must locate the ordinal
     itself. It never leaves the library except inside an opaque cursor. (A named tuple: one is
-    made for every batch a subscription takes, and a tuple is the cheapest immutable value.)
+    made for every read a subscription makes, and a tuple is the cheapest immutable value.)
     """
 
     ordinal: int
