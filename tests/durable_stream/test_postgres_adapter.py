@@ -30,7 +30,7 @@ from api.core.durable_stream import (
     connect,
 )
 from api.core.durable_stream._cursor import CursorCodec
-from tests.durable_stream.contract._base import drain
+from tests.durable_stream.contract._base import closing_all, drain
 
 SHARED_URL = "postgresql://postgres@127.0.0.1:5432/test"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,17 +53,12 @@ def schema(engine: sqlalchemy.Engine) -> Iterator[str]:
 
 @pytest.fixture
 def open_backend(schema: str) -> Iterator[Callable[..., DurableStreamBackend]]:
-    opened: list[DurableStreamBackend] = []
-
     def open_(url: str = SHARED_URL, **options: Any) -> DurableStreamBackend:
         options.setdefault("schema", schema)
-        backend = connect(url, **options)
-        opened.append(backend)
-        return backend
+        return connect(url, **options)
 
-    yield open_
-    for backend in opened:
-        backend.close()
+    with closing_all(open_) as opener:
+        yield opener
 
 
 def _name() -> str:

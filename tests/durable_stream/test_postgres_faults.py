@@ -243,7 +243,8 @@ def test_server_down_while_a_subscription_waits_then_recovers(running: PostgresS
 
         waiter = threading.Thread(target=wait_in_receive)
         waiter.start()
-        time.sleep(0.3)  # the waiter is blocked in receive()
+        time.sleep(0.3)
+        assert not outcome, "receive() returned before the server went down"
         stopped_at = time.monotonic()
         if how == "stop":
             running.stop(mode="fast")

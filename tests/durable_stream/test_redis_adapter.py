@@ -33,7 +33,7 @@ from api.core.durable_stream._driver import Position
 from api.core.durable_stream._redis import RedisDriver
 from tests.support.redis_server import RedisServer, free_port, redis_available
 
-from .contract._base import drain, drain_until_closed, payloads, wait_until
+from .contract._base import closing_all, drain, drain_until_closed, payloads, wait_until
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
 KEY_PREFIX = f"dstest-{uuid.uuid4().hex[:12]}:"
@@ -43,17 +43,12 @@ needs_redis_server = pytest.mark.skipif(not redis_available(), reason="redis-ser
 
 @pytest.fixture
 def open_backend() -> Iterator[Callable[..., DurableStreamBackend]]:
-    opened: list[DurableStreamBackend] = []
-
     def open_(url: str = SHARED_URL, **options: Any) -> DurableStreamBackend:
         options.setdefault("key_prefix", KEY_PREFIX)
-        backend = connect(url, **options)
-        opened.append(backend)
-        return backend
+        return connect(url, **options)
 
-    yield open_
-    for backend in opened:
-        backend.close()
+    with closing_all(open_) as opener:
+        yield opener
 
 
 @pytest.fixture

@@ -58,7 +58,8 @@ def test_server_killed_while_a_subscription_waits(server: RedisServer) -> None:
 
             waiter = threading.Thread(target=wait)
             waiter.start()
-            time.sleep(0.2)  # receive() is blocked now
+            time.sleep(0.2)
+            assert not outcome, "receive() returned before the server was killed"
             killed_at = time.monotonic()
             server.kill()
             waiter.join(timeout=10)
@@ -75,7 +76,8 @@ def test_server_killed_while_many_subscriptions_wait_on_many_topics(server: Redi
         subscriptions = [backend.topic(f"t{i % 5}").subscribe_from_tail() for i in range(20)]
         for subscription in subscriptions:
             subscription.__enter__()
-        results: list[object] = [None] * len(subscriptions)
+        pending = object()
+        results: list[object] = [pending] * len(subscriptions)
 
         def wait(index: int) -> None:
             try:
@@ -87,6 +89,7 @@ def test_server_killed_while_many_subscriptions_wait_on_many_topics(server: Redi
         for waiter in waiters:
             waiter.start()
         time.sleep(0.2)
+        assert all(result is pending for result in results), "a receive() returned before the server was killed"
         killed_at = time.monotonic()
         server.kill()
         for waiter in waiters:

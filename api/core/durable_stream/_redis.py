@@ -252,23 +252,21 @@ class _Standalone:
 
     def evalsha_packed(self, script: _Script, command: bytes) -> Any:
         """Run an ``EVALSHA`` of ``script`` that :class:`_PackedAppend` encoded, on a write connection."""
-        from redis.exceptions import NoScriptError
-
-        try:
-            return self._roundtrip(self._writer, command)
-        except NoScriptError:  # not run at all (a restarted server forgot it): safe to load and repeat
-            self._execute(self._writer, "SCRIPT", "LOAD", script.source)
-            return self._roundtrip(self._writer, command)
+        return self._loading(script, self._writer, lambda: self._roundtrip(self._writer, command))
 
     def evalsha(self, script: _Script, keys: Sequence[bytes], args: Sequence[Any], *, read: bool = False) -> Any:
+        pool = self._reader if read else self._writer
+        return self._loading(script, pool, lambda: self._execute(pool, "EVALSHA", script.sha, len(keys), *keys, *args))
+
+    def _loading(self, script: _Script, pool: _ConnectionPool, run: Callable[[], Any]) -> Any:
+        """``run()`` an ``EVALSHA`` of ``script``, loading the script first if the server forgot it."""
         from redis.exceptions import NoScriptError
 
-        pool = self._reader if read else self._writer
         try:
-            return self._execute(pool, "EVALSHA", script.sha, len(keys), *keys, *args)
+            return run()
         except NoScriptError:  # not run at all (a restarted server forgot it): safe to load and repeat
             self._execute(pool, "SCRIPT", "LOAD", script.source)
-            return self._execute(pool, "EVALSHA", script.sha, len(keys), *keys, *args)
+            return run()
 
     def read(self, keys: Sequence[bytes], after: Position, limit: int) -> Any:
         # A MULTI/EXEC snapshot rather than the READ script: the same atomicity, without Lua

@@ -6,6 +6,7 @@ once and implements :meth:`ContractBase.make_backend`; nothing here is collected
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -41,16 +42,8 @@ class ContractBase:
 
     @pytest.fixture
     def open_backend(self) -> Iterator[Callable[..., DurableStreamBackend]]:
-        opened: list[DurableStreamBackend] = []
-
-        def open_(**options: Any) -> DurableStreamBackend:
-            backend = self.make_backend(**options)
-            opened.append(backend)
-            return backend
-
-        yield open_
-        for backend in opened:
-            backend.close()
+        with closing_all(self.make_backend) as open_:
+            yield open_
 
     @pytest.fixture
     def backend(self, open_backend: Callable[..., DurableStreamBackend]) -> DurableStreamBackend:
@@ -100,6 +93,23 @@ def drain_until_closed(subscription: DurableStreamSubscription, *, timeout: floa
             return records
         if result is not None:
             records.append(result)
+
+
+@contextlib.contextmanager
+def closing_all(open_one: Callable[..., DurableStreamBackend]) -> Iterator[Callable[..., DurableStreamBackend]]:
+    """``open_one``, remembering every backend it opens so that all are closed at the end."""
+    opened: list[DurableStreamBackend] = []
+
+    def open_(*args: Any, **options: Any) -> DurableStreamBackend:
+        backend = open_one(*args, **options)
+        opened.append(backend)
+        return backend
+
+    try:
+        yield open_
+    finally:
+        for backend in opened:
+            backend.close()
 
 
 def assert_idle(subscription: DurableStreamSubscription, timeout: float = 0.05) -> None:
