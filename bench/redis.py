@@ -515,6 +515,8 @@ def bench_fanout(
         "rss_per_subscription_kb": round((ready["rss_after"] - ready["rss_before"]) / subscriptions / 1024, 2),
         "redis_connections": report["connections"],
         "consumer_cpu_share": report["consumer_cpu_share"],
+        "gc_collections_by_generation": report["gc_collections"],
+        "gc_longest_pause_ms_by_generation": report["gc_longest_pause_ms"],
         "target": "p99 <= 50 ms",
         "met": report["p99_ms"] <= 50 and report["deliveries"] == appended * per_topic,
     }
@@ -629,11 +631,22 @@ def fanout_consumer(
     gc.collect()
     if gc_freeze:
         gc.freeze()
+    pauses: list[list[float]] = [[], [], []]
+    started_at = [0.0]
+
+    def time_collections(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started_at[0] = time.perf_counter()
+        else:
+            pauses[info["generation"]].append((time.perf_counter() - started_at[0]) * 1000)
+
+    gc.callbacks.append(time_collections)
     stop_at[0] = time.monotonic() + duration
     print(json.dumps({"rss_before": rss_before, "rss_after": rss_after}), flush=True)
     cpu_before, wall_before = process.cpu_times(), time.monotonic()
     gevent.joinall(greenlets, timeout=duration + 30)
     cpu_after, wall = process.cpu_times(), time.monotonic() - wall_before
+    gc.callbacks.remove(time_collections)
     if slow:
         by_time: dict[float, list[float]] = {}
         for at, latency in slow:
@@ -660,6 +673,8 @@ def fanout_consumer(
                 "rss_peak": rss_peak[0],
                 "connections": connections,
                 "consumer_cpu_share": round(cpu_share, 2),
+                "gc_collections": [len(each) for each in pauses],
+                "gc_longest_pause_ms": [round(max(each, default=0.0), 1) for each in pauses],
             }
         ),
         flush=True,
