@@ -8,11 +8,11 @@ detection exact on every backend.
 
 from __future__ import annotations
 
-import collections
 import enum
 import threading
 import time
 import types
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Self
 
 from ._contract import (
@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from ._backend import DurableStreamBackend
 
 __all__ = ["Subscription"]
+
+#: Guards every subscription's state transitions (enter, close). They are rare and short, and one
+#: lock object per subscription would be one more long-lived object for the cyclic GC to scan
+#: (two under gevent) in a worker holding thousands of streams.
+_TRANSITIONS = threading.Lock()
 
 
 class _State(enum.Enum):
@@ -58,10 +63,12 @@ class Subscription(DurableStreamSubscription):
         # The position as two attributes, not a Position: one object per delivery that lives until
         # the next one would be promoted by the cyclic GC at every subscription.
         self._ordinal, self._native = start.ordinal, start.native
-        self._buffer: collections.deque[StoredRecord] = collections.deque()
+        # The records of the last read not yet returned: the batch itself (subscriptions at the
+        # same position share one) and the index of the next record, not a copy in a buffer.
+        self._batch: Sequence[StoredRecord] = ()
+        self._next = 0
         self._sealed_at: int | None = None
         self._state = _State.NEW
-        self._state_lock = threading.Lock()
         self._wake = new_wake()
         self._seen_version: int | None = None
         self._last_read = 0.0
@@ -70,7 +77,7 @@ class Subscription(DurableStreamSubscription):
         return f"<Subscription topic={self._topic!r} state={self._state.value}>"
 
     def __enter__(self) -> Self:
-        with self._state_lock:
+        with _TRANSITIONS:
             if self._state is not _State.NEW:
                 raise DurableStreamUnavailableError("a subscription can be entered only once")
             self._state = _State.OPEN
@@ -95,13 +102,13 @@ class Subscription(DurableStreamSubscription):
         return None
 
     def close(self) -> None:
-        with self._state_lock:
+        with _TRANSITIONS:
             if self._state is _State.CLOSED:
                 return
             was_open = self._state is _State.OPEN
             self._state = _State.CLOSED
         self._wake.set()
-        self._buffer.clear()
+        self._batch, self._next = (), 0
         if was_open:
             try:
                 self._backend._notifier.unregister(self._topic, self._wake)
@@ -110,14 +117,10 @@ class Subscription(DurableStreamSubscription):
                 pass
 
     def receive(self, timeout: float = 0.1) -> DurableStreamRecord | Closed | None:
-        buffer = self._buffer
         # Fast path: a buffered record needs no clock, no notifier and no driver.
-        if buffer and self._state is _State.OPEN:
-            try:
-                stored = buffer.popleft()
-            except IndexError:  # cleared by a concurrent close()
-                pass
-            else:
+        if self._next < len(self._batch) and self._state is _State.OPEN:
+            stored = self._take()
+            if stored is not None:
                 return self._record(stored)
         if self._state is _State.NEW:
             self.close()
@@ -128,11 +131,8 @@ class Subscription(DurableStreamSubscription):
         while True:
             if self._state is _State.CLOSED:
                 return CLOSED
-            if buffer:
-                try:
-                    stored = buffer.popleft()
-                except IndexError:  # cleared by a concurrent close()
-                    continue
+            stored = self._take()
+            if stored is not None:
                 return self._record(stored)
             if self._sealed_at is not None and self._ordinal >= self._sealed_at:
                 self.close()
@@ -145,13 +145,24 @@ class Subscription(DurableStreamSubscription):
                 except BaseException:
                     self.close()
                     raise
-                if buffer or self._sealed_at is not None:
+                if self._next < len(self._batch) or self._sealed_at is not None:
                     continue
                 now = time.monotonic()
             remaining = deadline - now
             if remaining <= 0:
                 return None
             self._wake.wait(min(remaining, poll_interval))
+
+    def _take(self) -> StoredRecord | None:
+        """The next buffered record, or ``None``; the batch is let go with its last record."""
+        batch, index = self._batch, self._next  # one snapshot: close() may clear both meanwhile
+        if index >= len(batch):
+            return None
+        if index + 1 == len(batch):
+            self._batch, self._next = (), 0
+        else:
+            self._next = index + 1
+        return batch[index]
 
     def _record(self, stored: StoredRecord) -> DurableStreamRecord:
         codec = self._codec
@@ -164,7 +175,7 @@ class Subscription(DurableStreamSubscription):
         return record
 
     def _fill(self) -> None:
-        """Read the next batch into the (empty) buffer, validating it against the expected ordinal."""
+        """Read the next batch (the last one is used up), validating it against the expected ordinal."""
         version = self._backend._notifier.version(self._topic)
         try:
             after = Position(self._ordinal, self._native)
@@ -196,7 +207,7 @@ class Subscription(DurableStreamSubscription):
             for offset, record in enumerate(records):
                 if record.ordinal != expected + offset:
                     raise DurableStreamUnavailableError(f"backend returned a non-contiguous batch for {self._topic!r}")
-            self._buffer.extend(records)
+            self._batch, self._next = records, 0
             self._ordinal, self._native = records[-1].ordinal, records[-1].native
         elif head.first > expected or head.last < position:
             raise CursorUnavailableError(f"position {position} of topic {self._topic!r} is no longer retained")
