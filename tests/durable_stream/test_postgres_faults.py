@@ -143,17 +143,13 @@ def test_idle_pooled_connections_closed_by_the_server_are_never_handed_to_an_app
     app = f"ds-idle-{uuid.uuid4().hex[:8]}"
     with connect(running.url, application_name=app, pool_size=4, notify=False) as backend:
         topics = [backend.topic(f"t-{uuid.uuid4().hex}") for _ in range(4)]
-        barrier = threading.Barrier(4)
-
-        def warm(index: int) -> None:  # four pooled connections, all idle afterwards
-            barrier.wait()
-            topics[index].append(b"warm")
-
-        warmers = [threading.Thread(target=warm, args=(i,)) for i in range(4)]
-        for thread in warmers:
-            thread.start()
-        for thread in warmers:
-            thread.join(10)
+        for topic in topics:
+            topic.append(b"warm")
+        # Four pooled connections, all idle afterwards: held at once, so that none is reused (four
+        # appends racing after a barrier sometimes shared one).
+        held = [backend._driver._engine.raw_connection() for _ in range(4)]  # type: ignore[attr-defined]
+        for pooled in held:
+            pooled.close()
         assert len(_backend_pids(running, app)) == 4
         _terminate(running, app)
         wait_until(lambda: not _backend_pids(running, app), timeout=10, message="the terminated backends to exit")
