@@ -406,7 +406,6 @@ class Feed:
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._closed = False
-        self._hinted: dict[str, None] = {}  # topics hinted during the current drain, in order
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -475,11 +474,6 @@ class Feed:
                     self._drain(link, link.socket() in ready)
                 self._prefetch.expire(time.monotonic() - _BATCH_LIFETIME)
                 self._check_health()
-                # Woken last, right before select() gives up the GIL: a waiter woken earlier would
-                # find the GIL held by this thread and need a second OS wake-up to get it.
-                if self._hinted:
-                    hinted, self._hinted = list(self._hinted), {}
-                    self._notify_safely(hinted)
         finally:
             for link in list(self._links.values()):
                 link.close()
@@ -654,7 +648,7 @@ class Feed:
                 self._prefetch.trimmed(topic)
         except ValueError:  # not a hint this version understands: the wake-up alone is still right
             self._prefetch.trimmed(topic)
-        self._hinted[topic] = None
+        self._notify_safely([topic])
 
     # -- the sweeper thread -----------------------------------------------------------------
 
