@@ -11,6 +11,8 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -123,9 +125,61 @@ def test_every_waiter_is_woken_and_a_killed_one_is_forgotten(report: dict[str, o
     assert report["waiters_after_kill"] == 0
 
 
-def test_without_gevent_the_wake_is_a_threading_event() -> None:
-    import threading
-
+def test_without_gevent_a_set_wake_returns_at_once_and_an_unset_one_times_out() -> None:
     from api.core.durable_stream._cooperative import new_wake
 
-    assert isinstance(new_wake(), type(threading.Event()))
+    wake = new_wake()
+    assert type(wake).__name__ == "_ThreadWake"
+    started = time.monotonic()
+    assert wake.wait(0.05) is False
+    assert 0.04 <= time.monotonic() - started < 1.0
+    wake.set()
+    assert wake.is_set()
+    started = time.monotonic()
+    assert wake.wait(5.0) is True
+    assert wake.wait(5.0) is True  # stays set until cleared
+    assert time.monotonic() - started < 0.5
+
+
+def test_without_gevent_set_from_another_thread_wakes_the_waiter() -> None:
+    from api.core.durable_stream._cooperative import new_wake
+
+    wake = new_wake()
+    waiting = threading.Event()
+    results: list[tuple[bool, float]] = []
+
+    def waiter() -> None:
+        waiting.set()
+        started = time.monotonic()
+        results.append((wake.wait(10.0), time.monotonic() - started))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert waiting.wait(5.0)
+    deadline = time.monotonic() + 5
+    while not _waiting_in(thread, "wait") and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert _waiting_in(thread, "wait"), "the waiter never reached wait()"
+    wake.set()
+    thread.join(5.0)
+    assert results and results[0][0] is True and results[0][1] < 5.0, results
+
+
+def test_without_gevent_a_wake_up_nobody_took_is_dropped_by_clear() -> None:
+    from api.core.durable_stream._cooperative import new_wake
+
+    wake = new_wake()
+    wake.set()
+    wake.set()  # twice: still one pending wake-up, and no error
+    wake.clear()
+    assert not wake.is_set()
+    started = time.monotonic()
+    assert wake.wait(0.05) is False  # not woken early by the dropped wake-up
+    assert time.monotonic() - started >= 0.04
+    wake.set()
+    assert wake.wait(0) is True
+
+
+def _waiting_in(thread: threading.Thread, function: str) -> bool:
+    frame = sys._current_frames().get(thread.ident or 0)
+    return frame is not None and frame.f_code.co_name == function and thread.is_alive()
