@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import urllib.parse
@@ -9,7 +11,7 @@ import urllib.parse
 import pytest
 
 import api.core.durable_stream as durable_stream
-from api.core.durable_stream import CursorUnavailableError, connect
+from api.core.durable_stream import Closed, CursorUnavailableError, connect
 from api.core.durable_stream._cursor import CursorCodec
 from api.core.durable_stream._driver import Position
 
@@ -97,3 +99,25 @@ def test_backend_repr_shows_the_url_without_secrets(tmp_path: object) -> None:
 
     parts = urllib.parse.urlsplit("postgresql://app:s3cret@db:5432/x?schema=y")
     assert _redact(parts) == "postgresql://app:***@db:5432/x"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_while_a_subscription_changes_state_leaves_the_child_able_to_subscribe() -> None:
+    from api.core.durable_stream import _subscription
+
+    with connect("memory://") as backend:
+        topic = backend.topic("t")
+        topic.append(b"one")
+        # Another thread in the middle of an enter() or close() at the moment of the fork.
+        with _subscription._TRANSITIONS:
+            pid = os.fork()
+            if pid == 0:  # the child: fail by SIGALRM if the lock came along held
+                signal.alarm(5)
+                try:
+                    with topic.subscribe_from_beginning() as subscription:
+                        record = subscription.receive(timeout=1.0)
+                    os._exit(0 if record is not None and not isinstance(record, Closed) else 3)
+                except BaseException:
+                    os._exit(4)
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status:#x}"

@@ -9,6 +9,7 @@ detection exact on every backend.
 from __future__ import annotations
 
 import enum
+import os
 import threading
 import time
 import types
@@ -37,6 +38,16 @@ __all__ = ["Subscription"]
 #: lock object per subscription would be one more long-lived object for the cyclic GC to scan
 #: (two under gevent) in a worker holding thousands of streams.
 _TRANSITIONS = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    # A fork while another thread held the lock would leave it held forever in the child, and
+    # with it every subscription the child opens.
+    global _TRANSITIONS
+    _TRANSITIONS = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 class _State(enum.Enum):
