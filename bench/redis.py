@@ -208,7 +208,10 @@ def latency_producer(url: str, kind: str, target: str, count: int, rate: float) 
         print("done", flush=True)
 
 
-def _latency_ours(url: str, count: int, rate: float, remote: bool) -> list[float]:
+def _latency_ours(
+    url: str, count: int, rate: float, remote: bool, timings: list[tuple[int, int]] | None = None
+) -> list[float]:
+    """Latencies in ms; ``timings`` (if given) gets each record's ``(stamp, returned)`` in ns."""
     from api.core.durable_stream import CLOSED, connect
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}:"
@@ -228,7 +231,10 @@ def _latency_ours(url: str, count: int, rate: float, remote: bool) -> list[float
                     result = subscription.receive(timeout=5)
                     if result is None or result is CLOSED:
                         return
-                    samples.append((time.perf_counter_ns() - _stamp(result.payload)) / 1e6)
+                    returned, stamp = time.perf_counter_ns(), _stamp(result.payload)
+                    samples.append((returned - stamp) / 1e6)
+                    if timings is not None:
+                        timings.append((stamp, returned))
 
             reader = threading.Thread(target=consume)
             reader.start()
@@ -555,7 +561,7 @@ def fanout_consumer(
 
     With ``gc_freeze`` it calls ``gc.freeze()`` after the warm-up, as a worker can once its
     long-lived objects exist: the cyclic GC's full collections then skip them, which is what their
-    pauses (hundreds of milliseconds with 10,000 subscriptions in one process) are made of.
+    pauses (40 to 250 ms with 10,000 subscriptions in one process, by machine load) are made of.
     """
     import gevent
     import psutil
@@ -821,8 +827,8 @@ def main(argv: list[str] | None = None) -> None:
             results["latency"] = bench_latency(url, 300 if quick else 2000, 500.0, 1 if quick else 2)
         if "catchup" in only:
             results["catchup"] = bench_catchup(url, 10000 if quick else 100000, [128, 500])
-        # 30 s: percentiles over 600,000 deliveries, of which the one full collection of the cyclic
-        # GC right after 10,000 subscriptions were opened (about 150 ms) is a part, not all.
+        # 30 s: percentiles over 600,000 deliveries, long enough to include the cyclic GC's rare
+        # full collections at their real frequency (the consumer reports how many it saw).
         for key, frozen in (("fanout", False), ("fanout_gc_frozen", True)):
             if key in only:
                 results[key] = bench_fanout(

@@ -20,16 +20,13 @@ from __future__ import annotations
 import argparse
 import bisect
 import statistics
-import threading
 import time
-import uuid
 from typing import Any
 
 from bench import redis as bench_redis
 
 
 def _round(url: str, count: int, rate: float) -> dict[str, float]:
-    from api.core.durable_stream import CLOSED, connect
     from api.core.durable_stream._redis_feed import Feed
     from api.core.durable_stream._subscription import Subscription
 
@@ -47,56 +44,33 @@ def _round(url: str, count: int, rate: float) -> dict[str, float]:
         reads.append(time.perf_counter_ns())
         fill(self)
 
-    prefix = f"bench-{uuid.uuid4().hex[:8]}:"
-    stamps: list[int] = []
-    returned: list[int] = []
+    timings: list[tuple[int, int]] = []
     Feed._on_hint, Subscription._fill = timed_on_hint, timed_fill  # type: ignore[method-assign]
     try:
-        with (
-            connect(url, key_prefix=prefix) as consumer,
-            bench_redis._sender(url, "ours", prefix, count, rate, True) as start,
-        ):
-            consumer.topic("latency").append(bench_redis._payload(0))
-            with consumer.topic("latency").subscribe_from_beginning() as subscription:
-                subscription.receive(timeout=5)
-                feed = consumer._driver._feeds[0]  # type: ignore[attr-defined]
-                deadline = time.monotonic() + 10
-                while "latency" not in feed.subscribed_topics() and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                hints.clear(), woken.clear(), reads.clear()
-
-                def consume() -> None:
-                    while len(returned) < count:
-                        result = subscription.receive(timeout=5)
-                        if result is None or result is CLOSED:
-                            return
-                        returned.append(time.perf_counter_ns())
-                        stamps.append(bench_redis._stamp(result.payload))
-
-                reader = threading.Thread(target=consume)
-                reader.start()
-                start()
-                reader.join(timeout=60)
+        bench_redis._latency_ours(url, count, rate, True, timings)
     finally:
         Feed._on_hint, Subscription._fill = on_hint, fill  # type: ignore[method-assign]
-    # One topic, records in order: the k-th hint carries the k-th record; the read that follows a
-    # wake-up is the first one timed after it.
-    count = min(len(stamps), len(returned), len(hints), len(woken))
-    stamps, returned, hints, woken = stamps[:count], returned[:count], hints[:count], woken[:count]
-    after_wake = [reads[min(bisect.bisect_left(reads, at), len(reads) - 1)] for at in woken]
     raw = bench_redis._latency_raw(url, count, rate, True)
 
-    def median_us(begins: list[int], ends: list[int]) -> float:
-        return round(statistics.median(end - begin for begin, end in zip(begins, ends, strict=True)) / 1000, 1)
+    def first_after(marks: list[int], at: int) -> int:
+        return marks[min(bisect.bisect_left(marks, at), len(marks) - 1)]
 
-    return {
-        "total": median_us(stamps, returned),
-        "raw_total": round(statistics.median(raw) * 1000, 1),
-        "stamp_to_hint": median_us(stamps, hints),
-        "hint_to_woken": median_us(hints, woken),
-        "woken_to_read": median_us(woken, after_wake),
-        "read_to_returned": median_us(after_wake, returned),
-    }
+    # Records are 1/rate apart and every step takes far less, so each record's steps are the first
+    # marks after its stamp (set-up reads and hints before the first stamp are skipped that way).
+    names = ("total", "stamp_to_hint", "hint_to_woken", "woken_to_read", "read_to_returned")
+    steps: dict[str, list[int]] = {name: [] for name in names}
+    for stamp, returned in timings:
+        hint_index = min(bisect.bisect_left(hints, stamp), len(hints) - 1)
+        hint, wake = hints[hint_index], woken[hint_index]
+        read = first_after(reads, wake)
+        steps["total"].append(returned - stamp)
+        steps["stamp_to_hint"].append(hint - stamp)
+        steps["hint_to_woken"].append(wake - hint)
+        steps["woken_to_read"].append(read - wake)
+        steps["read_to_returned"].append(returned - read)
+    figures = {name: round(statistics.median(values) / 1000, 1) for name, values in steps.items()}
+    figures["raw_total"] = round(statistics.median(raw) * 1000, 1)
+    return figures
 
 
 def main(argv: list[str] | None = None) -> None:

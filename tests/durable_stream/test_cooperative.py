@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from .contract._base import blocked_in_wait, wait_until
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 SCENARIOS = textwrap.dedent(
@@ -156,10 +158,7 @@ def test_without_gevent_set_from_another_thread_wakes_the_waiter() -> None:
     thread = threading.Thread(target=waiter)
     thread.start()
     assert waiting.wait(5.0)
-    deadline = time.monotonic() + 5
-    while not _waiting_in(thread, "wait") and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert _waiting_in(thread, "wait"), "the waiter never reached wait()"
+    wait_until(lambda: blocked_in_wait(thread), timeout=5, message="the waiter to block in wait()")
     wake.set()
     thread.join(5.0)
     assert results and results[0][0] is True and results[0][1] < 5.0, results
@@ -178,8 +177,3 @@ def test_without_gevent_a_wake_up_nobody_took_is_dropped_by_clear() -> None:
     assert time.monotonic() - started >= 0.04
     wake.set()
     assert wake.wait(0) is True
-
-
-def _waiting_in(thread: threading.Thread, function: str) -> bool:
-    frame = sys._current_frames().get(thread.ident or 0)
-    return frame is not None and frame.f_code.co_name == function and thread.is_alive()

@@ -30,7 +30,7 @@ from api.core.durable_stream import (
     connect,
 )
 from api.core.durable_stream._cursor import CursorCodec
-from tests.durable_stream.contract._base import wait_until
+from tests.durable_stream.contract._base import blocked_in_wait, wait_until
 from tests.support.postgres_server import PostgresServer, postgres_available
 
 pytestmark = pytest.mark.skipif(not postgres_available(), reason="PostgreSQL server binaries are not installed")
@@ -239,7 +239,7 @@ def test_server_down_while_a_subscription_waits_then_recovers(running: PostgresS
 
         waiter = threading.Thread(target=wait_in_receive)
         waiter.start()
-        time.sleep(0.3)
+        wait_until(lambda: blocked_in_wait(waiter), timeout=5, message="receive() to block")
         assert not outcome, "receive() returned before the server went down"
         stopped_at = time.monotonic()
         if how == "stop":

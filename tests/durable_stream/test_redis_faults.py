@@ -24,7 +24,7 @@ from api.core.durable_stream import (
 )
 from tests.support.redis_server import RedisServer, free_port, redis_available
 
-from .contract._base import drain, drain_until_closed, wait_until
+from .contract._base import blocked_in_wait, drain, drain_until_closed, wait_until
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is needed")
 
@@ -58,7 +58,7 @@ def test_server_killed_while_a_subscription_waits(server: RedisServer) -> None:
 
             waiter = threading.Thread(target=wait)
             waiter.start()
-            time.sleep(0.2)
+            wait_until(lambda: blocked_in_wait(waiter), timeout=5, message="receive() to block")
             assert not outcome, "receive() returned before the server was killed"
             killed_at = time.monotonic()
             server.kill()
@@ -88,7 +88,7 @@ def test_server_killed_while_many_subscriptions_wait_on_many_topics(server: Redi
         waiters = [threading.Thread(target=wait, args=(i,)) for i in range(len(subscriptions))]
         for waiter in waiters:
             waiter.start()
-        time.sleep(0.2)
+        wait_until(lambda: all(map(blocked_in_wait, waiters)), timeout=5, message="every receive() to block")
         assert all(result is pending for result in results), "a receive() returned before the server was killed"
         killed_at = time.monotonic()
         server.kill()

@@ -117,9 +117,11 @@ class PostgresServer:
         self.destroy()
 
     def start(self, timeout: float = 30) -> None:
+        # fsync=off keeps it fast and survives a killed server (the OS still holds what was written);
+        # synchronous_commit stays on, or a commit acknowledged just before kill() could be lost.
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self._root} "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=60"
+            "-c fsync=off -c full_page_writes=off -c max_connections=60"
         )
         _as_postgres(
             PG_BIN / "pg_ctl", "-D", self._data, "-l", self._log, "-o", options, "-w", "-t", str(int(timeout)), "start"

@@ -90,8 +90,10 @@ class _ThreadWake:
 
     def set(self) -> None:
         self._flag = True
-        with contextlib.suppress(RuntimeError):  # released already: a wake-up is pending
+        try:  # on the delivery path: no context manager object per wake-up
             self._pending.release()
+        except RuntimeError:  # released already: a wake-up is pending
+            return
 
     def wait(self, timeout: float | None = None) -> bool:
         if not self._flag:

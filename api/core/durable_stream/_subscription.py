@@ -75,7 +75,8 @@ class Subscription(DurableStreamSubscription):
         # the next one would be promoted by the cyclic GC at every subscription.
         self._ordinal, self._native = start.ordinal, start.native
         # The records of the last read not yet returned: the batch itself (subscriptions at the
-        # same position share one) and the index of the next record, not a copy in a buffer.
+        # same position share one) and the index of the next record, not a copy in a buffer. The
+        # batch is () once its last record is taken, so it is truthy exactly while records remain.
         self._batch: Sequence[StoredRecord] = ()
         self._next = 0
         self._sealed_at: int | None = None
@@ -129,7 +130,7 @@ class Subscription(DurableStreamSubscription):
 
     def receive(self, timeout: float = 0.1) -> DurableStreamRecord | Closed | None:
         # Fast path: a buffered record needs no clock, no notifier and no driver.
-        if self._next < len(self._batch) and self._state is _State.OPEN:
+        if self._batch and self._state is _State.OPEN:
             stored = self._take()
             if stored is not None:
                 return self._record(stored)
@@ -156,7 +157,7 @@ class Subscription(DurableStreamSubscription):
                 except BaseException:
                     self.close()
                     raise
-                if self._next < len(self._batch) or self._sealed_at is not None:
+                if self._batch or self._sealed_at is not None:
                     continue
                 now = time.monotonic()
             remaining = deadline - now

@@ -7,6 +7,8 @@ once and implements :meth:`ContractBase.make_backend`; nothing here is collected
 from __future__ import annotations
 
 import contextlib
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -110,6 +112,12 @@ def closing_all(open_one: Callable[..., DurableStreamBackend]) -> Iterator[Calla
     finally:
         for backend in opened:
             backend.close()
+
+
+def blocked_in_wait(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is blocked on a subscription's wake-up (plain threads, not gevent)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    return thread.is_alive() and frame is not None and frame.f_code.co_qualname == "_ThreadWake.wait"
 
 
 def assert_idle(subscription: DurableStreamSubscription, timeout: float = 0.05) -> None:
