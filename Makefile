@@ -21,7 +21,8 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
-# The whole suite in plain threads, then the durable-stream and broadcast contracts again under gevent.
+# The whole suite in plain threads, then the durable-stream and broadcast contracts and the Redis
+# adapter's own tests (its shared reader differs between threads and gevent) again under gevent.
 test: lint test-threads test-gevent
 
 test-threads: install
@@ -29,7 +30,7 @@ test-threads: install
 
 test-gevent: install
 	EXPECT_GEVENT=1 $(BIN)/python -m gevent.monkey --module pytest -p no:cacheprovider \
-		tests/durable_stream/test_contract_*.py tests/broadcast_channel
+		tests/durable_stream/test_contract_*.py tests/durable_stream/test_redis_adapter.py tests/broadcast_channel
 
 bench: install
 	$(BIN)/python -m bench.redis

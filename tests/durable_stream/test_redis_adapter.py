@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -29,11 +30,13 @@ from api.core.durable_stream import (
     TopicSealedError,
     connect,
 )
+from api.core.durable_stream._cooperative import gevent_active, new_wake
 from api.core.durable_stream._driver import Position
 from api.core.durable_stream._redis import RedisDriver
+from api.core.durable_stream._redis_feed import Feed
 from tests.support.redis_server import RedisServer, free_port, redis_available
 
-from .contract._base import closing_all, drain, drain_until_closed, payloads, wait_until
+from .contract._base import blocked_in_wait, closing_all, drain, drain_until_closed, payloads, wait_until
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
 KEY_PREFIX = f"dstest-{uuid.uuid4().hex[:12]}:"
@@ -464,6 +467,171 @@ def test_2000_subscriptions_on_200_topics_read_over_at_most_4_connections(server
                 assert [r.payload for r in drain(subscription, 1)] == [b"fan-0:after"]
             else:
                 assert subscription.receive(timeout=0) is CLOSED
+
+
+# -- a waiting subscription reads the hints itself (plain threads) ------------------------------
+
+threads_only = pytest.mark.skipif(
+    gevent_active(), reason="subscriptions read the hints themselves only in plain threads"
+)
+
+
+def _receiving(subscription: DurableStreamSubscription, into: list[Any], timeout: float = 10) -> threading.Thread:
+    """A thread that receives one result into ``into``."""
+    thread = threading.Thread(target=lambda: into.append(subscription.receive(timeout=timeout)), daemon=True)
+    thread.start()
+    return thread
+
+
+def _feed(backend: DurableStreamBackend) -> Feed:
+    feed = driver_of(backend)._feeds[0]
+    assert isinstance(feed, Feed)
+    return feed
+
+
+def _reads_the_links(feed: Feed, thread: threading.Thread) -> bool:
+    return feed._reader == thread.ident and blocked_in_wait(thread)
+
+
+def _receive_reading_the_hints(
+    backend: DurableStreamBackend, subscription: DurableStreamSubscription, *topics: str
+) -> tuple[Feed, threading.Thread, list[Any]]:
+    """Once the topics' hints arrive, start a ``receive()`` and wait until it reads them itself."""
+    feed = _feed(backend)
+    wait_until(lambda: set(topics) <= _subscribed_topics(backend), message="the shared reader to subscribe")
+    received: list[Any] = []
+    thread = _receiving(subscription, received, timeout=30)
+    wait_until(partial(_reads_the_links, feed, thread), message="receive() to read the hints itself")
+    return feed, thread, received
+
+
+@threads_only
+def test_a_lone_waiting_subscription_takes_the_hints_from_the_listener_and_gives_them_back(
+    open_backend: Callable[..., DurableStreamBackend], name: str
+) -> None:
+    reader, writer = open_backend(), open_backend()
+    with reader.topic(name).subscribe_from_tail() as subscription:
+        for number in range(3):
+            feed, thread, received = _receive_reading_the_hints(reader, subscription, name)
+            writer.topic(name).append(f"hinted-{number}".encode())
+            thread.join(timeout=5)
+            assert [r.payload for r in received] == [f"hinted-{number}".encode()]
+            assert feed._reader != thread.ident
+    # Nobody waits any more: the listener takes the links back at its next tick, and keeps them.
+    wait_until(lambda: feed._reader == feed._thread.ident, message="the listener to read again")
+
+
+@threads_only
+def test_a_wake_up_from_another_thread_interrupts_a_subscription_reading_the_hints(
+    open_backend: Callable[..., DurableStreamBackend], name: str
+) -> None:
+    backend = open_backend()
+    with backend.topic(name).subscribe_from_tail() as subscription:
+        feed = _feed(backend)
+        wait_until(lambda: name in _subscribed_topics(backend), message="the shared reader to subscribe")
+        wake = new_wake()
+        returned = threading.Event()
+        thread = threading.Thread(target=lambda: (feed.wait(wake, 30), returned.set()), daemon=True)
+        thread.start()
+        wait_until(lambda: _reads_the_links(feed, thread), message="the waiter to read the hints itself")
+        started = time.monotonic()
+        wake.set()  # no hint: nothing arrives on the link, only the wake-up
+        assert returned.wait(5)
+        assert time.monotonic() - started < 1.0
+        # close() from another thread ends a receive() that is reading the hints, at once.
+        _, receiving, received = _receive_reading_the_hints(backend, subscription, name)
+        started = time.monotonic()
+        subscription.close()
+        receiving.join(timeout=5)
+        assert received == [CLOSED]
+        assert time.monotonic() - started < 1.0
+
+
+@threads_only
+def test_when_the_reading_subscription_leaves_the_listener_serves_the_others_at_once(
+    open_backend: Callable[..., DurableStreamBackend], name: str
+) -> None:
+    reader, writer = open_backend(), open_backend()
+    first, second = f"{name}-first", f"{name}-second"
+    with reader.topic(first).subscribe_from_tail() as one, reader.topic(second).subscribe_from_tail() as other:
+        feed, leader, got_one = _receive_reading_the_hints(reader, one, first, second)
+        got_other: list[Any] = []
+        follower = _receiving(other, got_other)
+        wait_until(lambda: blocked_in_wait(follower), message="the second waiter to block")
+        assert feed._reader == leader.ident  # a second waiter does not take the links
+        writer.topic(first).append(b"for the reader")
+        leader.join(timeout=5)
+        assert [r.payload for r in got_one] == [b"for the reader"]
+        # The follower still waits: the listener must read for it now, not at its next tick.
+        wait_until(lambda: feed._reader == feed._thread.ident, timeout=0.5, message="the listener to take over")
+        started = time.monotonic()
+        writer.topic(second).append(b"for the follower")
+        follower.join(timeout=5)
+        assert [r.payload for r in got_other] == [b"for the follower"]
+        assert time.monotonic() - started < 0.5
+
+
+@threads_only
+def test_a_topic_watched_while_a_subscription_reads_the_hints_is_subscribed_by_the_listener(
+    open_backend: Callable[..., DurableStreamBackend], name: str
+) -> None:
+    reader, writer = open_backend(), open_backend()
+    early, late = f"{name}-early", f"{name}-late"
+    with reader.topic(early).subscribe_from_tail() as waiting:
+        _, thread, got = _receive_reading_the_hints(reader, waiting, early)
+        with reader.topic(late).subscribe_from_tail() as newcomer:
+            wait_until(lambda: late in _subscribed_topics(reader), timeout=2, message="the new topic's hints")
+            writer.topic(late).append(b"late")
+            assert [r.payload for r in drain(newcomer, 1)] == [b"late"]
+        writer.topic(early).append(b"early")
+        thread.join(timeout=5)
+        assert [r.payload for r in got] == [b"early"]
+
+
+@pytest.mark.parametrize("waiting", [False, True], ids=["listener-reads", "subscription-waits"])
+def test_closing_the_backend_stops_its_shared_reader_at_once(name: str, waiting: bool) -> None:
+    backend = connect(SHARED_URL, key_prefix=KEY_PREFIX)
+    with backend.topic(name).subscribe_from_tail() as subscription:
+        feed = _feed(backend)
+        wait_until(lambda: name in _subscribed_topics(backend), message="the shared reader to subscribe")
+        received: list[Any] = []
+        if waiting:
+            thread = _receiving(subscription, received, timeout=30)
+            wait_until(lambda: blocked_in_wait(thread) or gevent_active(), message="receive() to block")
+        else:
+            wait_until(lambda: feed._reader == feed._thread.ident, message="the listener to read")
+        started = time.monotonic()
+        backend.close()
+        assert time.monotonic() - started < 0.5
+        assert not feed._thread.is_alive()
+        if waiting:
+            thread.join(timeout=5)
+            assert received == [CLOSED]
+
+
+@pytest.mark.skipif(not gevent_active(), reason="gevent monkey-patching only")
+def test_under_gevent_the_listener_alone_reads_the_hints(
+    open_backend: Callable[..., DurableStreamBackend], name: str
+) -> None:
+    reader, writer = open_backend(), open_backend()
+    with reader.topic(name).subscribe_from_tail() as subscription:
+        feed = _feed(reader)
+        wait_until(lambda: name in _subscribed_topics(reader), message="the shared reader to subscribe")
+        readers: set[int] = set()
+        original = feed._on_hint
+
+        def recorded(topic: str, message: bytes) -> None:
+            readers.add(threading.get_ident())
+            original(topic, message)
+
+        feed._on_hint = recorded  # type: ignore[method-assign]
+        received: list[Any] = []
+        thread = _receiving(subscription, received)
+        time.sleep(0.05)  # under gevent: let the receiving greenlet block in its wait
+        writer.topic(name).append(b"via the listener")
+        thread.join(timeout=5)
+        assert [r.payload for r in received] == [b"via the listener"]
+        assert readers == {feed._thread.ident}
 
 
 # -- helpers ----------------------------------------------------------------------------------

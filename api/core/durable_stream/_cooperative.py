@@ -72,14 +72,21 @@ class _ThreadWake:
     makes the next ``wait`` return early with the flag unset, which the waiter treats as spurious.
     A second concurrent waiter is not woken by the same ``set`` (subscriptions never wait twice at
     once), and would return at its timeout.
+
+    ``on_set`` is for a waiter that blocks elsewhere for a while (a change feed reading its socket
+    in the waiter's thread): the callback runs after every ``set`` until it is removed again.
     """
 
-    __slots__ = ("_flag", "_pending")
+    __slots__ = ("_flag", "_on_set", "_pending")
 
     def __init__(self) -> None:
         self._flag = False
+        self._on_set: Callable[[], None] | None = None
         self._pending = threading.Lock()
         self._pending.acquire()
+
+    def on_set(self, callback: Callable[[], None] | None) -> None:
+        self._on_set = callback
 
     def is_set(self) -> bool:
         return self._flag
@@ -92,8 +99,11 @@ class _ThreadWake:
         self._flag = True
         try:  # on the delivery path: no context manager object per wake-up
             self._pending.release()
-        except RuntimeError:  # released already: a wake-up is pending
+        except RuntimeError:  # released already: a wake-up is pending, and the callback ran for it
             return
+        callback = self._on_set
+        if callback is not None:
+            callback()
 
     def wait(self, timeout: float | None = None) -> bool:
         if not self._flag:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from ._contract import DurableStreamRecord
+    from ._cooperative import Wake
 
 __all__ = [
     "Batch",
@@ -119,6 +120,14 @@ class ChangeFeed(Protocol):
     def watch(self, topic: str) -> None: ...
 
     def unwatch(self, topic: str) -> None: ...
+
+    def wait(self, wake: Wake, timeout: float) -> None:
+        """Block until ``wake`` is set or ``timeout`` seconds pass (a subscription's wait).
+
+        A feed may read its own connection in the caller's thread meanwhile, which saves handing
+        each change from its reader to the waiting thread; most feeds just call ``wake.wait``.
+        """
+        ...
 
     def close(self) -> None: ...
 

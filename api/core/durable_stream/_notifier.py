@@ -62,6 +62,14 @@ class Notifier:
         if last and feed is not None:
             feed.unwatch(topic)
 
+    def wait(self, wake: Wake, timeout: float) -> None:
+        """Block a subscription until ``wake`` is set or ``timeout`` passes (see ``ChangeFeed.wait``)."""
+        feed = self._feed
+        if feed is None:
+            wake.wait(timeout)
+        else:
+            feed.wait(wake, timeout)
+
     def notify(self, topic: str) -> None:
         with self._lock:
             waiters = self._waiters.get(topic)

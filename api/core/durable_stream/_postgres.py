@@ -70,6 +70,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ._connect import Options
 from ._contract import DurableStreamError, DurableStreamUnavailableError, TopicSealedError
+from ._cooperative import Wake
 from ._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
 from ._postgres_schema import ensure_schema, quote_ident, read_identity, validate_schema
 
@@ -580,6 +581,9 @@ class _Feed:
 
     def unwatch(self, topic: str) -> None:
         self._hints.unwatch(topic)
+
+    def wait(self, wake: Wake, timeout: float) -> None:
+        wake.wait(timeout)
 
     def close(self) -> None:
         self._hints.close_feed()

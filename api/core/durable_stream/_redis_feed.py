@@ -7,6 +7,16 @@ into ``notify(topic)``. Append hints carry the record itself, which goes into a 
 prefetch (:class:`Prefetch`) so that subscriptions at the live tail get it without another round
 trip, however many of them share the topic.
 
+In plain threads the links need not be read by the listener: a subscription about to wait may
+take them (the "baton", see :meth:`Feed.wait`) when nobody reads them, or from the listener when it
+is the only waiting subscription, and reads the hints in its own thread until its own wake-up
+comes. A record then reaches a lone waiter with one thread wake-up, as a raw blocking ``XREAD``
+does, instead of two (listener, then subscriber). Whoever holds the baton does what the listener
+would, except subscribing, reconnecting and refreshing the topology, which it leaves to the
+listener by handing the baton back; it hands it back too when it stops with other subscriptions
+still waiting. Under gevent the listener greenlet always reads: handing a hint to another greenlet
+costs no thread wake-up.
+
 Hints are only hints: a prefetched record is used only when it provably follows the reader's
 position (see :meth:`Prefetch.lookup`), and every gap, epoch and seal decision still comes from the
 stream itself. A second thread checks the heads of all watched topics every ``sweep_interval`` in a
@@ -43,6 +53,8 @@ _TICK = 1.0
 #: An idle link is pinged this often; no answer within the same time means it is dead.
 _HEALTH_INTERVAL = 5.0
 _RETRY_TICK = 0.05
+#: How long a lone waiting subscription waits for the listener to hand over the links.
+_HANDOVER_WAIT = 0.01
 #: How long a batch built from hints stays shared: the subscriptions it woke take it within this.
 _BATCH_LIFETIME = 0.05
 #: Topics whose heads one round trip of the periodic check reads.
@@ -355,7 +367,7 @@ class Prefetch:
 
 
 class FeedLink:
-    """One dedicated connection to one Redis node, owned by the listener thread."""
+    """One dedicated connection to one Redis node, used only by the holder of the feed's baton."""
 
     def __init__(self, address: str, connection: Any) -> None:
         self.address = address
@@ -410,6 +422,15 @@ class Feed:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._stopped = threading.Event()
+        # Whoever holds the baton reads the links: the listener thread, or a waiting subscription
+        # (see wait()). Everything about the links below is touched only by the baton's holder.
+        self._baton = threading.Lock()
+        self._reader = 0  # the holder's thread ident while it reads
+        self._followers = 0  # subscriptions waiting for a wake-up while someone else reads
+        self._followers_lock = threading.Lock()
+        self._wanted = False  # a lone waiting subscription asks the listener for the baton
+        self._vacated = threading.Event()  # the listener is wanted back (see _hand_back)
+        self._refresh_due = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self._sweeper = threading.Thread(target=self._sweep_periodically, name=f"{name}:sweep", daemon=True)
@@ -433,12 +454,91 @@ class Feed:
         self._prefetch.unwatch(topic)
         self._wake()
 
+    def wait(self, wake: Any, timeout: float) -> None:
+        """Wait for ``wake``; in plain threads, read the links meanwhile if nobody else does.
+
+        A record's hint then reaches its subscription without a hand-over from the listener
+        thread to the subscription's thread, which is most of the delivery latency a shared reader
+        adds. A subscription takes the links when nobody reads them, or from the listener when it
+        is the only one waiting; when it stops (its wake-up came, or the timeout) while others
+        wait, the listener takes them back at once. Subscribing, reconnecting and topology
+        refreshes stay the listener's. Under gevent the subscription just waits: a greenlet
+        reading the links would save nothing.
+        """
+        on_set = getattr(wake, "on_set", None)  # only a plain thread's wake-up can interrupt a read
+        if on_set is None or self._closed:
+            wake.wait(timeout)
+            return
+        # Counted before trying the baton: a reader that lets go of it either sees this waiter
+        # (and calls the listener) or let go before the attempt below, which then succeeds.
+        with self._followers_lock:
+            self._followers += 1
+        following = True
+        try:
+            if self._listener_needed():
+                self._vacated.set()
+            elif self._baton.acquire(blocking=False) or self._take_from_listener(timeout):
+                with self._followers_lock:
+                    self._followers -= 1
+                following = False
+                self._read_while_waiting(wake, on_set, timeout)
+                return
+            wake.wait(timeout)
+        finally:
+            if following:
+                with self._followers_lock:
+                    self._followers -= 1
+
+    def _read_while_waiting(
+        self, wake: Any, on_set: Callable[[Callable[[], None] | None], None], timeout: float
+    ) -> None:
+        try:
+            self._reader = threading.get_ident()
+            on_set(self._interrupt_reader)
+            self._lead(wake, timeout)
+        finally:
+            on_set(None)
+            self._reader = 0
+            self._baton.release()
+            # A waiter counted now may have failed to take the baton just before: the listener reads for it.
+            if self._followers or self._listener_needed():
+                self._vacated.set()
+
+    def _listener_needed(self) -> bool:
+        return bool(self._dirty) or self._refresh_due or self._closed
+
+    def _take_from_listener(self, timeout: float) -> bool:
+        """The only waiter takes the links from the listener thread; others leave them to it."""
+        if self._followers > 1 or self._reader != self._thread.ident:
+            return False
+        self._wanted = True
+        self._wake()
+        return self._baton.acquire(timeout=min(timeout, _HANDOVER_WAIT))
+
+    def _interrupt_reader(self) -> None:
+        # A waiting subscription's wake-up was set by another thread while it reads the links.
+        if threading.get_ident() != self._reader:
+            self._wake()
+
+    def _lead(self, wake: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not (wake.is_set() or self._listener_needed()):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._prefetch.expire(time.monotonic() - _BATCH_LIFETIME)
+            self._check_health()
+            ready = self._wait(min(remaining, _TICK))
+            for link in list(self._links.values()):
+                self._drain(link, link.socket() in ready)
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self._stopped.set()
+        self._vacated.set()
         self._wake()
         for thread in (self._thread, self._sweeper):
             if thread is not threading.current_thread():
@@ -468,22 +568,44 @@ class Feed:
     def _run(self) -> None:
         try:
             while not self._closed:
-                self._sync()
-                ready = self._wait()
-                for link in list(self._links.values()):
-                    self._drain(link, link.socket() in ready)
-                self._prefetch.expire(time.monotonic() - _BATCH_LIFETIME)
-                self._check_health()
+                if self._baton.acquire(blocking=False):
+                    try:
+                        self._listen()
+                    finally:
+                        self._reader = 0
+                        self._vacated.clear()  # calls from before this hand-over are answered
+                        self._baton.release()
+                # A subscription reads the links: take them back when it hands them back, or at
+                # the next tick if it is still reading then. (close() sets _closed before _vacated.)
+                if not self._closed:
+                    self._vacated.wait(_TICK)
         finally:
-            for link in list(self._links.values()):
-                link.close()
-            self._links.clear()
+            with self._baton:
+                for link in list(self._links.values()):
+                    link.close()
+                self._links.clear()
 
-    def _wait(self) -> list[Any]:
-        sockets = [sock for link in self._links.values() if (sock := link.socket()) is not None]
-        with self._lock:
+    def _listen(self) -> None:
+        """Read the links until the feed closes or a lone waiting subscription asks for them."""
+        self._reader = threading.get_ident()
+        self._vacated.clear()
+        self._wanted = False
+        while not (self._closed or self._wanted):
+            if self._refresh_due:
+                self._refresh_due = False
+                with contextlib.suppress(Exception):
+                    self._refresh_topology()
+            self._sync()
             # Topics waiting for a reconnect or a topology refresh are retried soon, not at once.
-            timeout = _RETRY_TICK if self._dirty else _TICK
+            ready = self._wait(_RETRY_TICK if self._dirty else _TICK)
+            for link in list(self._links.values()):
+                self._drain(link, link.socket() in ready)
+            self._prefetch.expire(time.monotonic() - _BATCH_LIFETIME)
+            self._check_health()
+        self._wanted = False
+
+    def _wait(self, timeout: float) -> list[Any]:
+        sockets = [sock for link in self._links.values() if (sock := link.socket()) is not None]
         try:
             readable, _, _ = select.select([self._wake_r, *sockets], [], [], timeout)
         except (OSError, ValueError):  # a socket closed under us: the drain below notices
@@ -705,13 +827,13 @@ class Feed:
             self._prefetch.live(topic, False)
         self._retry_at[link.address] = time.monotonic() + _RECONNECT_DELAYS[0]
         self._mark_dirty(topics)
-        self._notify_safely(topics)  # first: a refresh may wait on unreachable nodes
-        with contextlib.suppress(Exception):
-            self._refresh_topology()
+        # The listener refreshes the topology (it may wait on unreachable nodes): not a
+        # subscription that happens to be reading, and only after the waiters were woken.
+        self._refresh_due = True
+        self._notify_safely(topics)
 
     def _topology_changed(self, topics: list[str]) -> None:
-        with contextlib.suppress(Exception):
-            self._refresh_topology()
+        self._refresh_due = True  # before the topics are placed again (see _listen)
         self._mark_dirty(topics)
         self._notify_safely(topics)
 

@@ -57,7 +57,7 @@ from typing import Final, TypeVar
 
 from ._connect import Options
 from ._contract import DurableStreamError, DurableStreamUnavailableError, TopicSealedError
-from ._cooperative import run_blocking
+from ._cooperative import Wake, run_blocking
 from ._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
 
 __all__ = ["SqliteChangeFeed", "SqliteDriver", "open_driver"]
@@ -554,6 +554,9 @@ class SqliteChangeFeed:
             self._watched.pop(topic, None)
             if not self._watched and not self._stopping.is_set():
                 self._active.clear()
+
+    def wait(self, wake: Wake, timeout: float) -> None:
+        wake.wait(timeout)
 
     def close(self) -> None:
         self._stopping.set()

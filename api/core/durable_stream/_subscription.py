@@ -163,7 +163,7 @@ class Subscription(DurableStreamSubscription):
             remaining = deadline - now
             if remaining <= 0:
                 return None
-            self._wake.wait(min(remaining, poll_interval))
+            notifier.wait(self._wake, min(remaining, poll_interval))
 
     def _take(self) -> StoredRecord | None:
         """The next buffered record, or ``None``; the batch is let go with its last record."""

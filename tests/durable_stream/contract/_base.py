@@ -114,10 +114,15 @@ def closing_all(open_one: Callable[..., DurableStreamBackend]) -> Iterator[Calla
             backend.close()
 
 
+#: Where a subscription's thread blocks in ``receive()``: on its wake-up, or (Redis) in the shared
+#: reader's ``select()`` while it reads the hints itself.
+_WAITS = frozenset({"_ThreadWake.wait", "Feed._wait"})
+
+
 def blocked_in_wait(thread: threading.Thread) -> bool:
-    """Whether ``thread`` is blocked on a subscription's wake-up (plain threads, not gevent)."""
+    """Whether ``thread`` is blocked waiting in a subscription's ``receive()`` (plain threads, not gevent)."""
     frame = sys._current_frames().get(thread.ident or 0)
-    return thread.is_alive() and frame is not None and frame.f_code.co_qualname == "_ThreadWake.wait"
+    return thread.is_alive() and frame is not None and frame.f_code.co_qualname in _WAITS
 
 
 def assert_idle(subscription: DurableStreamSubscription, timeout: float = 0.05) -> None:
