@@ -517,8 +517,8 @@ def test_a_lone_waiting_subscription_takes_the_hints_from_the_listener_and_gives
             thread.join(timeout=5)
             assert [r.payload for r in received] == [f"hinted-{number}".encode()]
             assert feed._reader != thread.ident
-    # Nobody waits any more: the listener takes the links back at its next tick, and keeps them.
-    wait_until(lambda: feed._reader == feed._thread.ident, message="the listener to read again")
+    # Closing the subscription unwatches its topic, which calls the listener back at once.
+    wait_until(lambda: feed._reader == feed._thread.ident, timeout=0.5, message="the listener to read again")
 
 
 @threads_only
@@ -569,6 +569,64 @@ def test_when_the_reading_subscription_leaves_the_listener_serves_the_others_at_
         follower.join(timeout=5)
         assert [r.payload for r in got_other] == [b"for the follower"]
         assert time.monotonic() - started < 0.5
+
+
+@threads_only
+def test_a_lone_waiter_that_cannot_take_the_hints_from_a_busy_listener_is_still_served_at_once(
+    open_backend: Callable[..., DurableStreamBackend], name: str
+) -> None:
+    reader, writer = open_backend(), open_backend()
+    with reader.topic(name).subscribe_from_tail() as subscription:
+        feed = _feed(reader)
+        wait_until(lambda: name in _subscribed_topics(reader), message="the shared reader to subscribe")
+        wait_until(lambda: feed._reader == feed._thread.ident, message="the listener to read")
+        armed, busy, done = threading.Event(), threading.Event(), threading.Event()
+        check_health = feed._check_health
+
+        def slow_check_health() -> None:  # the listener busy for longer than a hand-over may wait
+            if armed.is_set():
+                armed.clear()
+                busy.set()
+                time.sleep(0.1)
+                done.set()
+            check_health()
+
+        feed._check_health = slow_check_health  # type: ignore[method-assign]
+        armed.set()
+        feed._wake()
+        assert busy.wait(5)
+        received: list[Any] = []
+        thread = _receiving(subscription, received)
+        assert done.wait(5)
+        wait_until(lambda: blocked_in_wait(thread), message="receive() to wait")
+        started = time.monotonic()
+        writer.topic(name).append(b"served by the listener")
+        thread.join(timeout=5)
+        assert [r.payload for r in received] == [b"served by the listener"]
+        assert time.monotonic() - started < 0.5
+
+
+@threads_only
+def test_a_link_disconnected_under_a_reading_subscription_is_replaced_with_its_subscriptions(
+    open_backend: Callable[..., DurableStreamBackend], name: str
+) -> None:
+    reader, writer = open_backend(), open_backend()
+    with reader.topic(name).subscribe_from_tail() as subscription:
+        feed, thread, received = _receive_reading_the_hints(reader, subscription, name)
+        (link,) = feed._links.values()
+        # What redis-py does to a connection whose read is interrupted (KeyboardInterrupt in the
+        # reading thread): it disconnects, and would reconnect on its next use without the
+        # subscription. The feed must treat that as a broken link.
+        link.connection.disconnect()
+        feed._wake()
+        wait_until(
+            lambda: feed._links.get(link.address) not in (None, link) and name in _subscribed_topics(reader),
+            timeout=5,
+            message="a new link with the topic's subscription",
+        )
+        writer.topic(name).append(b"after the new link")
+        thread.join(timeout=5)
+        assert [r.payload for r in received] == [b"after the new link"]
 
 
 @threads_only

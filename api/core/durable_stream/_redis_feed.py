@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ._cooperative import Wake
 from ._driver import Batch, Position, StoredRecord, TopicHead
 
 __all__ = ["Feed", "FeedLink", "Prefetch"]
@@ -445,16 +446,22 @@ class Feed:
                 return
             self._watched[topic] = self._channel_of(topic)
             self._dirty.add(topic)
-        self._wake()
+        self._call_listener()
 
     def unwatch(self, topic: str) -> None:
         with self._lock:
             self._watched.pop(topic, None)
             self._dirty.add(topic)
         self._prefetch.unwatch(topic)
+        self._call_listener()
+
+    def _call_listener(self) -> None:
+        """Have the listener (un)subscribe now: whether it reads, waits for the baton or a
+        subscription reads, which then hands the baton back."""
+        self._vacated.set()
         self._wake()
 
-    def wait(self, wake: Any, timeout: float) -> None:
+    def wait(self, wake: Wake, timeout: float) -> None:
         """Wait for ``wake``; in plain threads, read the links meanwhile if nobody else does.
 
         A record's hint then reaches its subscription without a hand-over from the listener
@@ -490,7 +497,7 @@ class Feed:
                     self._followers -= 1
 
     def _read_while_waiting(
-        self, wake: Any, on_set: Callable[[Callable[[], None] | None], None], timeout: float
+        self, wake: Wake, on_set: Callable[[Callable[[], None] | None], None], timeout: float
     ) -> None:
         try:
             self._reader = threading.get_ident()
@@ -513,14 +520,20 @@ class Feed:
             return False
         self._wanted = True
         self._wake()
-        return self._baton.acquire(timeout=min(timeout, _HANDOVER_WAIT))
+        if self._baton.acquire(timeout=min(timeout, _HANDOVER_WAIT)):
+            return True
+        # The listener is busy (connecting, refreshing). Withdraw the request; if it let go of the
+        # baton meanwhile, it must take it back at once, for this waiter and any other.
+        self._wanted = False
+        self._vacated.set()
+        return False
 
     def _interrupt_reader(self) -> None:
         # A waiting subscription's wake-up was set by another thread while it reads the links.
         if threading.get_ident() != self._reader:
             self._wake()
 
-    def _lead(self, wake: Any, timeout: float) -> None:
+    def _lead(self, wake: Wake, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not (wake.is_set() or self._listener_needed()):
             remaining = deadline - time.monotonic()
@@ -683,6 +696,11 @@ class Feed:
         link.outstanding.append((kind, channel))
 
     def _drain(self, link: FeedLink, readable: bool) -> None:
+        if link.socket() is None:
+            # Disconnected by redis-py: a read was interrupted (KeyboardInterrupt in a subscription
+            # reading the links). Its next call would reconnect silently, without the subscriptions.
+            self._fail(link)
+            return
         # A socket select() reported readable is read at once: the extra non-blocking probe would
         # only add system calls before the hint reaches its waiters.
         try:
