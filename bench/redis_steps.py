@@ -2,14 +2,15 @@
 
 Run with ``.venv/bin/python -m bench.redis_steps`` (a private ``redis-server``, or ``--url``). The
 layout is the latency benchmark's target one (:mod:`bench.redis`): the producer appends from another
-process, the consumer is a thread of this one. The shared listener and the subscription are timed
-by wrapping two of their methods in this process only, so the figures carry a little of that
-wrapping; the raw ``XREAD`` loop of the same rounds is printed beside them. Per round, medians of:
+process, the consumer is a thread of this one, which, as the lone waiting subscription, reads the
+hints itself. The reader of the hints and the subscription are timed by wrapping two of their
+methods in this process only, so the figures carry a little of that wrapping; the raw ``XREAD``
+loop of the same rounds is printed beside them. Per round, medians of:
 
-- ``stamp → hint``: from the producer's timestamp (taken just before ``append()``) to the listener
+- ``stamp → hint``: from the producer's timestamp (taken just before ``append()``) to the reader
   starting on the hint (``Feed._on_hint``);
-- ``hint → woken``: the listener parsing the hint, storing it in the prefetch and waking the topic;
-- ``woken → read``: until the subscription's thread runs its read (``Subscription._fill``);
+- ``hint → woken``: the reader parsing the hint, storing it in the prefetch and waking the topic;
+- ``woken → read``: until the subscription runs its read (``Subscription._fill``);
 - ``read → returned``: until ``receive()`` has returned the record.
 
 Nothing is written to ``bench/results``: this explains the latency benchmark, it does not replace it.
