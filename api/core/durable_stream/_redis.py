@@ -17,9 +17,11 @@ Capability card
 - Wake-ups: each script ``SPUBLISH``es a hint on the topic's sharded channel; one listener thread per
   backend object keeps one dedicated connection per node (no retries, health-checked) subscribed
   to the watched topics, and prefetches just-appended records for readers at the tail (see
-  :mod:`._redis_feed`). Beside it, every ``poll_interval`` (1 s) one pipelined round trip per node
-  and 256 topics checks the heads of all watched topics, and wakes those that changed without a
-  hint (expiry, keys deleted by hand, a lost hint); an idle subscription costs nothing in between.
+  :mod:`._redis_feed`). In plain threads the only waiting subscription reads those connections
+  itself, saving a thread hand-over per record. Beside it, every ``poll_interval`` (1 s) one
+  pipelined round trip per node and 64 topics checks the heads of all watched topics, and wakes
+  those that changed without a hint (expiry, keys deleted by hand, a lost hint); an idle
+  subscription costs nothing in between.
 - Options:
   ``key_prefix`` (default ``ds:``; must not contain ``{`` or ``}``),
   ``max_records`` (exact ``MAXLEN`` on every append and in ``enforce_retention()``),
