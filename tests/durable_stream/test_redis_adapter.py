@@ -505,6 +505,17 @@ def _receive_reading_the_hints(
     return feed, thread, received
 
 
+def _append_and_expect(
+    writer: DurableStreamBackend, topic: str, payload: bytes, thread: threading.Thread, received: list[Any]
+) -> None:
+    """Append ``payload``; the receiving ``thread`` must return exactly it, within 0.5 s."""
+    started = time.monotonic()
+    writer.topic(topic).append(payload)
+    thread.join(timeout=5)
+    assert [r.payload for r in received] == [payload]
+    assert time.monotonic() - started < 0.5
+
+
 @threads_only
 def test_a_lone_waiting_subscription_takes_the_hints_from_the_listener_and_gives_them_back(
     open_backend: Callable[..., DurableStreamBackend], name: str
@@ -513,9 +524,7 @@ def test_a_lone_waiting_subscription_takes_the_hints_from_the_listener_and_gives
     with reader.topic(name).subscribe_from_tail() as subscription:
         for number in range(3):
             feed, thread, received = _receive_reading_the_hints(reader, subscription, name)
-            writer.topic(name).append(f"hinted-{number}".encode())
-            thread.join(timeout=5)
-            assert [r.payload for r in received] == [f"hinted-{number}".encode()]
+            _append_and_expect(writer, name, f"hinted-{number}".encode(), thread, received)
             assert feed._reader != thread.ident
     # Closing the subscription unwatches its topic, which calls the listener back at once.
     wait_until(lambda: feed._reader == feed._thread.ident, timeout=0.5, message="the listener to read again")
@@ -559,16 +568,10 @@ def test_when_the_reading_subscription_leaves_the_listener_serves_the_others_at_
         follower = _receiving(other, got_other)
         wait_until(lambda: blocked_in_wait(follower), message="the second waiter to block")
         assert feed._reader == leader.ident  # a second waiter does not take the links
-        writer.topic(first).append(b"for the reader")
-        leader.join(timeout=5)
-        assert [r.payload for r in got_one] == [b"for the reader"]
+        _append_and_expect(writer, first, b"for the reader", leader, got_one)
         # The follower still waits: the listener must read for it now, not at its next tick.
         wait_until(lambda: feed._reader == feed._thread.ident, timeout=0.5, message="the listener to take over")
-        started = time.monotonic()
-        writer.topic(second).append(b"for the follower")
-        follower.join(timeout=5)
-        assert [r.payload for r in got_other] == [b"for the follower"]
-        assert time.monotonic() - started < 0.5
+        _append_and_expect(writer, second, b"for the follower", follower, got_other)
 
 
 @threads_only
@@ -599,11 +602,7 @@ def test_a_lone_waiter_that_cannot_take_the_hints_from_a_busy_listener_is_still_
         thread = _receiving(subscription, received)
         assert done.wait(5)
         wait_until(lambda: blocked_in_wait(thread), message="receive() to wait")
-        started = time.monotonic()
-        writer.topic(name).append(b"served by the listener")
-        thread.join(timeout=5)
-        assert [r.payload for r in received] == [b"served by the listener"]
-        assert time.monotonic() - started < 0.5
+        _append_and_expect(writer, name, b"served by the listener", thread, received)
 
 
 @threads_only
@@ -624,9 +623,7 @@ def test_a_link_disconnected_under_a_reading_subscription_is_replaced_with_its_s
             timeout=5,
             message="a new link with the topic's subscription",
         )
-        writer.topic(name).append(b"after the new link")
-        thread.join(timeout=5)
-        assert [r.payload for r in received] == [b"after the new link"]
+        _append_and_expect(writer, name, b"after the new link", thread, received)
 
 
 @threads_only
@@ -641,9 +638,7 @@ def test_a_topic_watched_while_a_subscription_reads_the_hints_is_subscribed_by_t
             wait_until(lambda: late in _subscribed_topics(reader), timeout=2, message="the new topic's hints")
             writer.topic(late).append(b"late")
             assert [r.payload for r in drain(newcomer, 1)] == [b"late"]
-        writer.topic(early).append(b"early")
-        thread.join(timeout=5)
-        assert [r.payload for r in got] == [b"early"]
+        _append_and_expect(writer, early, b"early", thread, got)
 
 
 @pytest.mark.parametrize("waiting", [False, True], ids=["listener-reads", "subscription-waits"])
