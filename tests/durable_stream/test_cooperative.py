@@ -177,3 +177,21 @@ def test_without_gevent_a_wake_up_nobody_took_is_dropped_by_clear() -> None:
     assert time.monotonic() - started >= 0.04
     wake.set()
     assert wake.wait(0) is True
+
+
+def test_without_gevent_the_on_set_callback_runs_on_every_set_even_with_a_wake_up_pending() -> None:
+    from api.core.durable_stream._cooperative import _ThreadWake
+
+    wake = _ThreadWake()
+    calls: list[bool] = []
+    wake.on_set(lambda: calls.append(wake.is_set()))
+    wake.set()
+    # What a set() that raced the waiter's clear() leaves behind: the flag cleared, the lock still
+    # released. A waiter blocked elsewhere (a subscription reading the Redis hints) never takes
+    # that lock, so the next set() must still call it.
+    wake._flag = False
+    wake.set()
+    assert calls == [True, True]
+    wake.on_set(None)
+    wake.set()
+    assert calls == [True, True]

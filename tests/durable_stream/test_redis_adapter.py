@@ -7,6 +7,7 @@ private ``redis-server`` on a free port.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 import socket
@@ -603,6 +604,60 @@ def test_a_lone_waiter_that_cannot_take_the_hints_from_a_busy_listener_is_still_
         assert done.wait(5)
         wait_until(lambda: blocked_in_wait(thread), message="receive() to wait")
         _append_and_expect(writer, name, b"served by the listener", thread, received)
+
+
+@threads_only
+def test_a_withdrawn_hand_over_request_brings_the_listener_back_at_once(
+    open_backend: Callable[..., DurableStreamBackend], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    armed, slowed = threading.Event(), threading.Event()
+    listen = Feed._listen
+
+    def listen_then_dawdle(feed: Feed) -> None:
+        # The listener stops reading for the waiter, then is slow to let go of the baton: the
+        # waiter gives up meanwhile and withdraws its request.
+        listen(feed)
+        if armed.is_set():
+            armed.clear()
+            time.sleep(0.05)
+            slowed.set()
+
+    monkeypatch.setattr(Feed, "_listen", listen_then_dawdle)
+    reader, writer = open_backend(), open_backend()
+    with reader.topic(name).subscribe_from_tail() as subscription:
+        feed = _feed(reader)
+        wait_until(lambda: name in _subscribed_topics(reader), message="the shared reader to subscribe")
+        wait_until(lambda: feed._reader == feed._thread.ident, message="the listener to read")
+        armed.set()
+        received: list[Any] = []
+        thread = _receiving(subscription, received)
+        assert slowed.wait(5)
+        wait_until(lambda: blocked_in_wait(thread), message="receive() to wait")
+        _append_and_expect(writer, name, b"served by the listener", thread, received)
+
+
+@threads_only
+def test_the_listener_sleeps_while_a_subscription_reads_even_when_called_meanwhile(
+    open_backend: Callable[..., DurableStreamBackend], name: str
+) -> None:
+    stat = pathlib.Path("/proc/self/task")
+    if not stat.is_dir():
+        pytest.skip("needs Linux's per-thread CPU times")
+    reader, writer = open_backend(), open_backend()
+    with reader.topic(name).subscribe_from_tail() as subscription:
+        feed, thread, received = _receive_reading_the_hints(reader, subscription, name)
+        ticks = os.sysconf("SC_CLK_TCK")
+
+        def listener_cpu() -> float:
+            fields = (stat / str(feed._thread.native_id) / "stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+        before = listener_cpu()
+        feed._vacated.set()  # a call for the listener left over while the subscription keeps reading
+        time.sleep(0.5)  # the span over which CPU time is measured, not a wait for a condition
+        assert listener_cpu() - before < 0.1
+        assert feed._reader == thread.ident
+        _append_and_expect(writer, name, b"still read by the subscription", thread, received)
 
 
 @threads_only

@@ -97,13 +97,15 @@ class _ThreadWake:
 
     def set(self) -> None:
         self._flag = True
-        try:  # on the delivery path: no context manager object per wake-up
-            self._pending.release()
-        except RuntimeError:  # released already: a wake-up is pending, and the callback ran for it
-            return
+        # Every time, even with a wake-up pending: a waiter blocked elsewhere does not consume
+        # the lock, which may stay released from a set() that raced a clear().
         callback = self._on_set
         if callback is not None:
             callback()
+        try:  # on the delivery path: no context manager object per wake-up
+            self._pending.release()
+        except RuntimeError:  # released already: a wake-up is pending
+            return
 
     def wait(self, timeout: float | None = None) -> bool:
         if not self._flag:

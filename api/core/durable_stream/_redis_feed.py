@@ -485,10 +485,18 @@ class Feed:
             if self._listener_needed():
                 self._vacated.set()
             elif self._baton.acquire(blocking=False) or self._take_from_listener(timeout):
-                with self._followers_lock:
-                    self._followers -= 1
-                following = False
-                self._read_while_waiting(wake, on_set, timeout)
+                try:  # at once: the baton must not leak, whatever is raised in this thread
+                    with self._followers_lock:
+                        self._followers -= 1
+                        following = False
+                    self._read_while_waiting(wake, on_set, timeout)
+                finally:
+                    self._reader = 0
+                    self._baton.release()
+                    # A waiter counted now may have failed to take the baton just before: the
+                    # listener reads for it.
+                    if self._followers or self._listener_needed():
+                        self._vacated.set()
                 return
             wake.wait(timeout)
         finally:
@@ -499,17 +507,12 @@ class Feed:
     def _read_while_waiting(
         self, wake: Wake, on_set: Callable[[Callable[[], None] | None], None], timeout: float
     ) -> None:
+        self._reader = threading.get_ident()
+        on_set(self._interrupt_reader)
         try:
-            self._reader = threading.get_ident()
-            on_set(self._interrupt_reader)
             self._lead(wake, timeout)
         finally:
             on_set(None)
-            self._reader = 0
-            self._baton.release()
-            # A waiter counted now may have failed to take the baton just before: the listener reads for it.
-            if self._followers or self._listener_needed():
-                self._vacated.set()
 
     def _listener_needed(self) -> bool:
         return bool(self._dirty) or self._refresh_due or self._closed
@@ -565,12 +568,12 @@ class Feed:
 
     def subscribed_topics(self) -> set[str]:
         """Topics whose hints currently arrive (the server confirmed the subscription)."""
-        return {
-            link.channels[channel]
+        topics = (
+            link.channels.get(channel)  # read without the baton: a channel may go meanwhile
             for link in list(self._links.values())
             for channel in list(link.confirmed)
-            if channel in link.channels
-        }
+        )
+        return {topic for topic in topics if topic is not None}
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
@@ -581,12 +584,16 @@ class Feed:
     def _run(self) -> None:
         try:
             while not self._closed:
+                # Cleared before each attempt, never after: a hand-back comes after the reader let
+                # go of the baton, so it either precedes this attempt (which then succeeds) or
+                # ends the wait below. A call left set while a subscription reads would make that
+                # wait return at once, again and again.
+                self._vacated.clear()
                 if self._baton.acquire(blocking=False):
                     try:
                         self._listen()
                     finally:
                         self._reader = 0
-                        self._vacated.clear()  # calls from before this hand-over are answered
                         self._baton.release()
                 # A subscription reads the links: take them back when it hands them back, or at
                 # the next tick if it is still reading then. (close() sets _closed before _vacated.)
@@ -600,10 +607,15 @@ class Feed:
 
     def _listen(self) -> None:
         """Read the links until the feed closes or a lone waiting subscription asks for them."""
+        self._wanted = False  # before _reader names the listener: a request seeing that must stand
         self._reader = threading.get_ident()
-        self._vacated.clear()
-        self._wanted = False
-        while not (self._closed or self._wanted):
+        while True:
+            # Calls for the listener made until now are answered by this pass (it reads, and
+            # subscribes what was watched); one left set would take the baton back from the
+            # subscription it is handed to next.
+            self._vacated.clear()
+            if self._closed or self._wanted:
+                break
             if self._refresh_due:
                 self._refresh_due = False
                 with contextlib.suppress(Exception):
