@@ -430,7 +430,7 @@ class Feed:
         self._followers = 0  # subscriptions waiting for a wake-up while someone else reads
         self._followers_lock = threading.Lock()
         self._wanted = False  # a lone waiting subscription asks the listener for the baton
-        self._vacated = threading.Event()  # the listener is wanted back (see _hand_back)
+        self._vacated = threading.Event()  # the listener is wanted back (see wait() and _run())
         self._refresh_due = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
