@@ -147,17 +147,14 @@ def test_without_gevent_set_from_another_thread_wakes_the_waiter() -> None:
     from api.core.durable_stream._cooperative import new_wake
 
     wake = new_wake()
-    waiting = threading.Event()
     results: list[tuple[bool, float]] = []
 
     def waiter() -> None:
-        waiting.set()
         started = time.monotonic()
         results.append((wake.wait(10.0), time.monotonic() - started))
 
     thread = threading.Thread(target=waiter)
     thread.start()
-    assert waiting.wait(5.0)
     wait_until(lambda: blocked_in_wait(thread), timeout=5, message="the waiter to block in wait()")
     wake.set()
     thread.join(5.0)

@@ -494,12 +494,27 @@ def _reads_the_links(feed: Feed, thread: threading.Thread) -> bool:
     return feed._reader == thread.ident and blocked_in_wait(thread)
 
 
+def _in_receive(subscription: DurableStreamSubscription, thread: threading.Thread) -> bool:
+    """Whether ``thread`` (a greenlet under gevent) is blocked in ``subscription.receive()``."""
+    if gevent_active():
+        return bool(subscription._wake._waiters)  # type: ignore[attr-defined]
+    return blocked_in_wait(thread)
+
+
+def _subscribed_feed(backend: DurableStreamBackend, *topics: str, listening: bool = False) -> Feed:
+    """The backend's feed, once the topics' hints arrive (and, with ``listening``, its listener reads)."""
+    feed = _feed(backend)
+    wait_until(lambda: set(topics) <= _subscribed_topics(backend), message="the shared reader to subscribe")
+    if listening:
+        wait_until(lambda: feed._reader == feed._thread.ident, message="the listener to read")
+    return feed
+
+
 def _receive_reading_the_hints(
     backend: DurableStreamBackend, subscription: DurableStreamSubscription, *topics: str
 ) -> tuple[Feed, threading.Thread, list[Any]]:
     """Once the topics' hints arrive, start a ``receive()`` and wait until it reads them itself."""
-    feed = _feed(backend)
-    wait_until(lambda: set(topics) <= _subscribed_topics(backend), message="the shared reader to subscribe")
+    feed = _subscribed_feed(backend, *topics)
     received: list[Any] = []
     thread = _receiving(subscription, received, timeout=30)
     wait_until(partial(_reads_the_links, feed, thread), message="receive() to read the hints itself")
@@ -537,8 +552,7 @@ def test_a_wake_up_from_another_thread_interrupts_a_subscription_reading_the_hin
 ) -> None:
     backend = open_backend()
     with backend.topic(name).subscribe_from_tail() as subscription:
-        feed = _feed(backend)
-        wait_until(lambda: name in _subscribed_topics(backend), message="the shared reader to subscribe")
+        feed = _subscribed_feed(backend, name)
         wake = new_wake()
         returned = threading.Event()
         thread = threading.Thread(target=lambda: (feed.wait(wake, 30), returned.set()), daemon=True)
@@ -576,62 +590,32 @@ def test_when_the_reading_subscription_leaves_the_listener_serves_the_others_at_
 
 
 @threads_only
-def test_a_lone_waiter_that_cannot_take_the_hints_from_a_busy_listener_is_still_served_at_once(
-    open_backend: Callable[..., DurableStreamBackend], name: str
+@pytest.mark.parametrize("dawdling_in", ["_check_health", "_listen"], ids=["busy-listener", "slow-hand-over"])
+def test_a_lone_waiter_whose_hand_over_request_times_out_is_still_served_at_once(
+    open_backend: Callable[..., DurableStreamBackend], name: str, monkeypatch: pytest.MonkeyPatch, dawdling_in: str
 ) -> None:
-    reader, writer = open_backend(), open_backend()
-    with reader.topic(name).subscribe_from_tail() as subscription:
-        feed = _feed(reader)
-        wait_until(lambda: name in _subscribed_topics(reader), message="the shared reader to subscribe")
-        wait_until(lambda: feed._reader == feed._thread.ident, message="the listener to read")
-        armed, busy, done = threading.Event(), threading.Event(), threading.Event()
-        check_health = feed._check_health
+    # The listener is slower than a hand-over may wait: busy in a pass (connecting, refreshing)
+    # when the request comes, or slow to let go of the baton after it stopped reading for it. The
+    # waiter withdraws its request; the listener must go on reading for it, not give the links
+    # up to nobody until its next tick.
+    armed, dawdled = threading.Event(), threading.Event()
+    original = getattr(Feed, dawdling_in)
 
-        def slow_check_health() -> None:  # the listener busy for longer than a hand-over may wait
-            if armed.is_set():
-                armed.clear()
-                busy.set()
-                time.sleep(0.1)
-                done.set()
-            check_health()
-
-        feed._check_health = slow_check_health  # type: ignore[method-assign]
-        armed.set()
-        feed._wake()
-        assert busy.wait(5)
-        received: list[Any] = []
-        thread = _receiving(subscription, received)
-        assert done.wait(5)
-        wait_until(lambda: blocked_in_wait(thread), message="receive() to wait")
-        _append_and_expect(writer, name, b"served by the listener", thread, received)
-
-
-@threads_only
-def test_a_withdrawn_hand_over_request_brings_the_listener_back_at_once(
-    open_backend: Callable[..., DurableStreamBackend], name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    armed, slowed = threading.Event(), threading.Event()
-    listen = Feed._listen
-
-    def listen_then_dawdle(feed: Feed) -> None:
-        # The listener stops reading for the waiter, then is slow to let go of the baton: the
-        # waiter gives up meanwhile and withdraws its request.
-        listen(feed)
+    def dawdling(feed: Feed) -> None:
+        original(feed)
         if armed.is_set():
             armed.clear()
-            time.sleep(0.05)
-            slowed.set()
+            time.sleep(0.05)  # the slowness being simulated, well over the 10 ms a hand-over waits
+            dawdled.set()
 
-    monkeypatch.setattr(Feed, "_listen", listen_then_dawdle)
+    monkeypatch.setattr(Feed, dawdling_in, dawdling)
     reader, writer = open_backend(), open_backend()
     with reader.topic(name).subscribe_from_tail() as subscription:
-        feed = _feed(reader)
-        wait_until(lambda: name in _subscribed_topics(reader), message="the shared reader to subscribe")
-        wait_until(lambda: feed._reader == feed._thread.ident, message="the listener to read")
+        _subscribed_feed(reader, name, listening=True)
         armed.set()
         received: list[Any] = []
         thread = _receiving(subscription, received)
-        assert slowed.wait(5)
+        assert dawdled.wait(5)
         wait_until(lambda: blocked_in_wait(thread), message="receive() to wait")
         _append_and_expect(writer, name, b"served by the listener", thread, received)
 
@@ -700,14 +684,11 @@ def test_a_topic_watched_while_a_subscription_reads_the_hints_is_subscribed_by_t
 def test_closing_the_backend_stops_its_shared_reader_at_once(name: str, waiting: bool) -> None:
     backend = connect(SHARED_URL, key_prefix=KEY_PREFIX)
     with backend.topic(name).subscribe_from_tail() as subscription:
-        feed = _feed(backend)
-        wait_until(lambda: name in _subscribed_topics(backend), message="the shared reader to subscribe")
+        feed = _subscribed_feed(backend, name, listening=not waiting)
         received: list[Any] = []
         if waiting:
             thread = _receiving(subscription, received, timeout=30)
-            wait_until(lambda: blocked_in_wait(thread) or gevent_active(), message="receive() to block")
-        else:
-            wait_until(lambda: feed._reader == feed._thread.ident, message="the listener to read")
+            wait_until(lambda: _in_receive(subscription, thread), message="receive() to block")
         started = time.monotonic()
         backend.close()
         assert time.monotonic() - started < 0.5
@@ -723,8 +704,7 @@ def test_under_gevent_the_listener_alone_reads_the_hints(
 ) -> None:
     reader, writer = open_backend(), open_backend()
     with reader.topic(name).subscribe_from_tail() as subscription:
-        feed = _feed(reader)
-        wait_until(lambda: name in _subscribed_topics(reader), message="the shared reader to subscribe")
+        feed = _subscribed_feed(reader, name)
         readers: set[int] = set()
         original = feed._on_hint
 
@@ -735,7 +715,7 @@ def test_under_gevent_the_listener_alone_reads_the_hints(
         feed._on_hint = recorded  # type: ignore[method-assign]
         received: list[Any] = []
         thread = _receiving(subscription, received)
-        time.sleep(0.05)  # under gevent: let the receiving greenlet block in its wait
+        wait_until(lambda: _in_receive(subscription, thread), message="receive() to block")
         writer.topic(name).append(b"via the listener")
         thread.join(timeout=5)
         assert [r.payload for r in received] == [b"via the listener"]

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._cooperative import Wake
+from ._cooperative import Wake, _ThreadWake
 from ._driver import Batch, Position, StoredRecord, TopicHead
 
 __all__ = ["Feed", "FeedLink", "Prefetch"]
@@ -472,8 +472,9 @@ class Feed:
         refreshes stay the listener's. Under gevent the subscription just waits: a greenlet
         reading the links would save nothing.
         """
-        on_set = getattr(wake, "on_set", None)  # only a plain thread's wake-up can interrupt a read
-        if on_set is None or self._closed:
+        # Only a plain thread's wake-up can interrupt a read (and an isinstance allocates nothing
+        # on the path of every wait, unlike a getattr that fails under gevent).
+        if not isinstance(wake, _ThreadWake) or self._closed:
             wake.wait(timeout)
             return
         # Counted before trying the baton: a reader that lets go of it either sees this waiter
@@ -489,7 +490,7 @@ class Feed:
                     with self._followers_lock:
                         self._followers -= 1
                         following = False
-                    self._read_while_waiting(wake, on_set, timeout)
+                    self._read_while_waiting(wake, timeout)
                 finally:
                     self._reader = 0
                     self._baton.release()
@@ -504,15 +505,13 @@ class Feed:
                 with self._followers_lock:
                     self._followers -= 1
 
-    def _read_while_waiting(
-        self, wake: Wake, on_set: Callable[[Callable[[], None] | None], None], timeout: float
-    ) -> None:
+    def _read_while_waiting(self, wake: _ThreadWake, timeout: float) -> None:
         self._reader = threading.get_ident()
-        on_set(self._interrupt_reader)
+        wake.on_set(self._interrupt_reader)
         try:
             self._lead(wake, timeout)
         finally:
-            on_set(None)
+            wake.on_set(None)
 
     def _listener_needed(self) -> bool:
         return bool(self._dirty) or self._refresh_due or self._closed
@@ -627,7 +626,6 @@ class Feed:
                 self._drain(link, link.socket() in ready)
             self._prefetch.expire(time.monotonic() - _BATCH_LIFETIME)
             self._check_health()
-        self._wanted = False
 
     def _wait(self, timeout: float) -> list[Any]:
         sockets = [sock for link in self._links.values() if (sock := link.socket()) is not None]
