@@ -58,7 +58,7 @@ def _register_commands(app: Flask) -> None:
 
     @app.cli.command("reap-expired-runs")
     def reap_command() -> None:
-        """End runs whose worker stopped renewing its lease."""
-        from api.services.workflow_run_service import reap_expired_runs
+        """One reaper sweep: end runs whose worker died or never started them, write pending ends."""
+        from api.services.run_recovery import reap
 
-        click.echo(f"ended {reap_expired_runs()} run(s)")
+        click.echo(str(reap()))

@@ -1,8 +1,13 @@
-"""Celery entry point: ``celery -A api.celery_entrypoint:celery worker``."""
+"""Celery entry point: ``celery -A api.celery_entrypoint:celery worker``.
+
+Every worker started from here also runs the reaper (see ``api.extensions.ext_reaper``).
+"""
 
 from __future__ import annotations
 
 from api.app_factory import create_app
+from api.extensions import ext_reaper
 
 flask_app = create_app()
 celery = flask_app.extensions["celery"]
+ext_reaper.init_worker(flask_app)

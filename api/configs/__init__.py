@@ -32,12 +32,36 @@ class AppConfig(BaseSettings):
 
     CELERY_BROKER_URL: str = Field(default="filesystem://", description="Celery broker.")
     CELERY_QUEUE: str = Field(default="workflow", description="Queue the workflow tasks use.")
+    CELERY_VISIBILITY_TIMEOUT: float = Field(
+        default=60,
+        description="Redis broker: seconds after which a task message no worker acknowledged is delivered again.",
+    )
+    CELERY_PREFETCH_MULTIPLIER: int = Field(default=1, ge=1, description="Task messages a worker reserves per thread.")
 
     APP_MAX_EXECUTION_TIME: float = Field(default=1200, description="Watchdog: seconds one execution attempt may run.")
     WORKFLOW_LEASE_TTL: float = Field(default=30, description="Seconds a worker's run lease lasts between renewals.")
     WORKFLOW_LLM_TOKEN_DELAY: float = Field(default=0.02, description="Default delay between simulated LLM tokens.")
     WORKFLOW_STOP_CHECK_INTERVAL: float = Field(default=1.0, description="Seconds the stop flag may be cached.")
     BLOCKING_RESPONSE_TIMEOUT: float = Field(default=600, description="Longest wait of a blocking run request.")
+    WORKFLOW_START_TIMEOUT: float = Field(
+        default=300, description="Seconds a queued execution attempt may wait for a worker before the run fails."
+    )
+    WORKFLOW_END_RETRY_DEADLINE: float = Field(
+        default=30,
+        description="Seconds a worker retries writing a run's end before it leaves the end to the repair.",
+    )
+    WORKFLOW_REAPER_INTERVAL: float = Field(
+        default=10,
+        description="Seconds between the reaper's sweeps in each Celery worker (expired leases, start "
+        "deadlines, pending ends); 0 turns the worker's reaper off.",
+    )
+    DURABLE_STREAM_MAX_AGE_SECONDS: float = Field(
+        default=7 * 24 * 3600,
+        description="Default retention of run events when DURABLE_STREAM_URL sets no max_age_seconds; 0 keeps them.",
+    )
+    DURABLE_STREAM_RETENTION_INTERVAL: float = Field(
+        default=600, description="Seconds between the reaper's enforce_retention() sweeps; 0 never sweeps."
+    )
 
     WORKFLOW_EVENT_TRANSPORT: Literal["durable_stream", "broadcast_channel"] = Field(
         default="durable_stream",

@@ -21,10 +21,23 @@ def init_app(app: Flask, config: AppConfig) -> Celery:
         "broker_url": config.CELERY_BROKER_URL,
         "task_default_queue": config.CELERY_QUEUE,
         "task_ignore_result": True,
-        "worker_prefetch_multiplier": 1,
+        # At least once: a message leaves the broker only when its attempt is over, and a worker
+        # that dies with messages in hand gives them back. A delivery runs only if it claims its
+        # attempt (api.core.app.apps.workflow_app_runner), so a second delivery runs nothing twice.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": config.CELERY_PREFETCH_MULTIPLIER,
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": False,
     }
+    if config.CELERY_BROKER_URL.startswith(("redis", "rediss")):
+        settings["broker_transport_options"] = {
+            # Messages a dead worker held come back after this long; a live worker's long attempt
+            # may be delivered again too, and that delivery finds the attempt claimed.
+            "visibility_timeout": config.CELERY_VISIBILITY_TIMEOUT,
+            "unacked_restore_interval": max(1, min(10, int(config.CELERY_VISIBILITY_TIMEOUT / 4))),
+            "unacked_restore_throttle": 1,
+        }
     if config.CELERY_BROKER_URL.startswith("filesystem"):
         folder = config.broker_folder()
         for sub in ("queue", "processed", "control"):

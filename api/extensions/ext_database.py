@@ -6,9 +6,10 @@ from typing import Any
 
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
-from sqlalchemy import event
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import Engine, event, inspect, text
+from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.schema import CreateColumn
 
 from api.configs import AppConfig
 
@@ -34,11 +35,27 @@ def init_app(app: Flask, config: AppConfig) -> None:
             event.listen(db.engine, "connect", _sqlite_pragmas)
         import api.models  # noqa: F401  (registers the tables)
 
-        # Tables are created on start-up; the schema is small and only ever grows by new tables.
+        # Tables are created on start-up; the schema is small and only ever grows, by new tables
+        # and by new columns that are nullable or have a server default.
         try:
             db.create_all()
-        except OperationalError:  # another process created them at the same moment
+            _add_missing_columns(db.engine)
+        except (OperationalError, ProgrammingError):  # another process did the same at the same moment
             db.create_all()
+            _add_missing_columns(db.engine)
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    inspector = inspect(engine)
+    for table in db.metadata.sorted_tables:
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        missing = [column for column in table.columns if column.name not in present]
+        if not missing:
+            continue
+        with engine.begin() as connection:
+            for column in missing:
+                spec = CreateColumn(column).compile(dialect=engine.dialect)
+                connection.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {spec}"))
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import urllib.parse
 
 from flask import Flask, current_app
 
@@ -38,7 +39,17 @@ class DurableStreamExtension:
 
 
 def init_app(app: Flask, config: AppConfig) -> None:
-    app.extensions["durable_stream"] = DurableStreamExtension(config.durable_stream_url())
+    app.extensions["durable_stream"] = DurableStreamExtension(stream_url_with_retention(config))
+
+
+def stream_url_with_retention(config: AppConfig) -> str:
+    """The stream URL, with the default retention added unless the URL chooses its own."""
+    url = config.durable_stream_url()
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    if "max_age_seconds" in query or config.DURABLE_STREAM_MAX_AGE_SECONDS <= 0:
+        return url
+    # Appended as text: re-assembling the URL would drop the empty host of sqlite:////absolute/path.
+    return f"{url}{'&' if '?' in url else '?'}max_age_seconds={config.DURABLE_STREAM_MAX_AGE_SECONDS:g}"
 
 
 def durable_stream() -> DurableStreamBackend:

@@ -14,15 +14,15 @@ from api.services.errors import ServiceError
 logger = logging.getLogger(__name__)
 
 
-def error_response(code: str, message: str, status: int) -> Response:
-    response = jsonify({"code": code, "message": message, "status": status})
+def error_response(code: str, message: str, status: int, details: dict[str, Any] | None = None) -> Response:
+    response = jsonify({**(details or {}), "code": code, "message": message, "status": status})
     response.status_code = status
     return response
 
 
 def http_error_response(error: Exception) -> Response:
     if isinstance(error, ServiceError):
-        return error_response(error.code, error.message, error.status)
+        return error_response(error.code, error.message, error.status, error.details)
     if isinstance(error, HTTPException):
         status = error.code or 500
         name = (error.name or "error").lower().replace(" ", "_")

@@ -5,7 +5,7 @@ import enum
 import json
 from typing import Any
 
-from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, String, Text, true
 from sqlalchemy.orm import Mapped, mapped_column
 
 from api.extensions.ext_database import db
@@ -44,6 +44,26 @@ class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
     stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     #: Unix time until which the executing worker holds the run; renewed while it executes.
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: The execution attempt queued last (a new one per dispatch): a redelivered or stale task
+    #: message names an attempt, and only the first delivery of the current one may start it.
+    attempt_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    #: Unix time the current attempt was queued; a run not started within the start deadline ends.
+    dispatched_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: Unix time a worker claimed the current attempt (``None`` while it waits in the queue).
+    attempt_started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: The incarnation (epoch) of the run's topic when the run started: a reader that finds
+    #: another one knows the retained events are not this run's whole history.
+    stream_epoch: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    #: Whether the run's topic ends with its ``workflow_finished`` and is sealed. A terminal run
+    #: without it is "end pending": a repair appends the end once the stream store is back.
+    stream_ended: Mapped[bool] = mapped_column(
+        Boolean,
+        default=False,
+        # Rows that predate the column were ended by the code of their time: never repair them.
+        server_default=true(),
+    )
+    #: Unix time before which nobody else may repair the end (its finisher is still retrying it).
+    stream_repair_after: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), default=_now)
     finished_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 

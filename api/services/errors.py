@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ServiceError(Exception):
     status = 400
     code = "invalid_param"
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        #: Extra members of the JSON error body (e.g. the run row with a 410).
+        self.details = details or {}
         if code is not None:
             self.code = code
 

@@ -2,32 +2,39 @@
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from typing import Any
 
 from flask import current_app
 
 from api.configs import AppConfig
-from api.core.app.apps.event_transport import EventSubscription
+from api.core.app.apps.event_transport import EventSubscription, StreamMessage
 from api.core.app.apps.message_generator import (
-    PING,
+    IncompleteRunError,
     MessageGenerator,
+    Ping,
     stream_topic_events,
     terminal_events,
 )
-from api.core.durable_stream import CursorUnavailableError, DurableStreamError, TopicCursor
-from api.core.workflow.engine import finished_event
+from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, DurableStreamError, TopicCursor
 from api.extensions.ext_database import db
 from api.extensions.ext_event_bus import event_transport
 from api.libs import sse
 from api.libs.resume_token import InvalidResumeTokenError, ResumeTokenCodec
 from api.models import App, WorkflowRun
 
+from . import run_recovery
 from . import workflow_run_service as runs
 from .errors import GoneError, InvalidParamError, ServiceUnavailableError
 
 CURSOR_EXPIRED_MESSAGE = (
     "the run's events after this point are no longer retained; reload the run (GET /workflows/run/<id>)"
+)
+EVENTS_LOST_MESSAGE = (
+    "the run's events are not all retained (retention removed its start, or the stream store lost them); "
+    "reload the run (GET /workflows/run/<id>)"
 )
 
 
@@ -41,8 +48,17 @@ def _codec() -> ResumeTokenCodec:
     return codec
 
 
+def run_headers(run: WorkflowRun) -> dict[str, str]:
+    """The ids a streaming client needs to reconnect, sent before any event."""
+    return {"X-Task-Id": run.task_id, "X-Workflow-Run-Id": run.id}
+
+
 def run_streaming(app: App, run: WorkflowRun) -> Iterator[str]:
-    """Subscribe at the tail, then dispatch, then stream: no event of the run can be missed."""
+    """Subscribe at the tail, then dispatch, then stream: no event of the run can be missed.
+
+    The first message names the task and run (``event: run_created``), so a client that drops
+    before the first event can still reconnect.
+    """
     subscription = event_transport().subscribe_live(runs.topic_name(app, run))
     try:
         subscription.__enter__()
@@ -53,7 +69,19 @@ def run_streaming(app: App, run: WorkflowRun) -> Iterator[str]:
     except BaseException:
         subscription.close()
         raise
-    return _sse(app, run, subscription, continue_on_pause=False)
+    created = {"event": "run_created", "task_id": run.task_id, "workflow_run_id": run.id}
+    return _preceded(sse.sse_event(created, event="run_created"), app, run, subscription)
+
+
+def _preceded(first: str, app: App, run: WorkflowRun, subscription: EventSubscription) -> Iterator[str]:
+    events = _sse(app, run, subscription, continue_on_pause=False)
+    try:
+        yield first
+        yield from events
+    finally:
+        # Also when the client left before the events began (the inner generator never started).
+        events.close()
+        subscription.close()
 
 
 def reconnect(app: App, run: WorkflowRun, *, last_event_id: str | None, continue_on_pause: bool) -> Iterator[str]:
@@ -62,7 +90,10 @@ def reconnect(app: App, run: WorkflowRun, *, last_event_id: str | None, continue
     Raises:
         InvalidParamError: (400, ``invalid_resume_token``) the token is malformed, forged, made with an
             unknown key, or belongs to another run or user.
-        GoneError: (410, ``resume_cursor_expired``) the token is genuine but its position is gone.
+        GoneError: (410) ``resume_cursor_expired``: the token is genuine but its position is gone;
+            ``run_events_lost``: without a token, the retained events are not the run's whole
+            history (its start was removed, or the topic is another incarnation than the run's).
+            Both carry the run row.
     """
     transport = event_transport()
     name = runs.topic_name(app, run)
@@ -75,79 +106,143 @@ def reconnect(app: App, run: WorkflowRun, *, last_event_id: str | None, continue
     if run.run_status.is_terminal and cursor is None:
         info = transport.topic_info(name)
         if info is None or info.length == 0:
-            return iter([sse.PING, sse.sse_event(_finished_from_row(run))])
+            return iter([sse.PING, sse.sse_event(run_recovery.finished_event_of(run))])
     subscription = MessageGenerator.retrieve_events(transport, name, cursor)
+    first: StreamMessage | Closed | None = None
     try:
         subscription.__enter__()
+        if transport.resumable and cursor is None:
+            # Checked after entering, so that the subscription cannot be on a newer incarnation.
+            info = transport.topic_info(name)
+            if run.stream_epoch is not None and (info is None or info.epoch != run.stream_epoch):
+                raise IncompleteRunError(f"topic {name!r} is not the incarnation run {run.id} started on")
+            # Peek, so that a run whose start is gone is a 410 rather than a stream ending in an error.
+            first = subscription.receive(timeout=0)
+            if isinstance(first, StreamMessage) and _event_name(first) != "workflow_started":
+                raise IncompleteRunError(f"the retained events of run {run.id} do not begin with its start")
     except CursorUnavailableError as exc:
-        raise GoneError(CURSOR_EXPIRED_MESSAGE, code="resume_cursor_expired") from exc
+        subscription.close()
+        raise _gone(run, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE) from exc
+    except IncompleteRunError as exc:
+        subscription.close()
+        raise _gone(run, "run_events_lost", EVENTS_LOST_MESSAGE) from exc
     except DurableStreamError as exc:
+        subscription.close()
         raise ServiceUnavailableError(f"the event stream is unavailable: {exc}") from exc
-    return _sse(app, run, subscription, continue_on_pause=continue_on_pause)
+    from_start = transport.resumable and cursor is None and first is None
+    return _sse(
+        app,
+        run,
+        subscription,
+        continue_on_pause=continue_on_pause,
+        first=first,
+        first_event="workflow_started" if from_start else None,
+    )
 
 
-def _sse(app: App, run: WorkflowRun, subscription: EventSubscription, *, continue_on_pause: bool) -> Iterator[str]:
+def _event_name(message: StreamMessage) -> object:
+    try:
+        event = json.loads(message.payload)
+    except ValueError:
+        return None
+    return event.get("event") if isinstance(event, dict) else None
+
+
+def _gone(run: WorkflowRun, code: str, message: str) -> GoneError:
+    return GoneError(message, code=code, details={"run": runs.run_detail(run)})
+
+
+def _sse(
+    app: App,
+    run: WorkflowRun,
+    subscription: EventSubscription,
+    *,
+    continue_on_pause: bool,
+    first: StreamMessage | Closed | None = None,
+    first_event: str | None = None,
+) -> Generator[str, None, None]:
     config = _config()
     name = runs.topic_name(app, run)
     codec = _codec()
     app_id, run_id, end_user = app.id, run.id, run.end_user
-    lease_check = _LeaseCheck(app_id, run_id, interval=max(0.5, config.WORKFLOW_LEASE_TTL / 3))
+    run_check = _RunCheck(
+        app_id,
+        run_id,
+        interval=max(0.5, config.WORKFLOW_LEASE_TTL / 3),
+        grace=config.WORKFLOW_END_RETRY_DEADLINE + max(0.5, config.WORKFLOW_LEASE_TTL / 3),
+        live_only=not subscription.resumable,
+    )
     try:
+        if first is CLOSED:
+            yield sse.PING
+            return
         for item in stream_topic_events(
             subscription,
             ping_interval=config.SSE_PING_INTERVAL,
             idle_timeout=config.SSE_IDLE_TIMEOUT,
             terminal=terminal_events(continue_on_pause),
-            on_idle=lease_check,
+            on_idle=run_check,
+            first=first,
+            first_event=first_event,
         ):
-            if item is PING:
+            if isinstance(item, Ping):
                 yield sse.PING
                 continue
-            assert not isinstance(item, type(PING))
             token = None
             if item.cursor is not None:
                 token = codec.seal(item.cursor, topic=name, app_id=app_id, end_user=end_user)
             yield sse.sse_event(item.event, event_id=token)
     except CursorUnavailableError:
-        yield sse.sse_event(
-            {"code": "resume_cursor_expired", "message": CURSOR_EXPIRED_MESSAGE, "status": 410}, event="error"
-        )
+        yield _error_event(run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410)
+    except IncompleteRunError:
+        yield _error_event(run_id, "run_events_lost", EVENTS_LOST_MESSAGE, 410)
     except DurableStreamError as exc:
-        yield sse.sse_event({"code": "stream_unavailable", "message": str(exc), "status": 503}, event="error")
+        yield _error_event(run_id, "stream_unavailable", str(exc), 503)
     finally:
         subscription.close()
 
 
-class _LeaseCheck:
-    """On idle, end the run if its worker died (at most once per ``interval``)."""
+def _error_event(run_id: str, code: str, message: str, status: int) -> str:
+    body: dict[str, Any] = {"code": code, "message": message, "status": status}
+    if status == 410:
+        run = db.session.get(WorkflowRun, run_id)
+        if run is not None:
+            db.session.refresh(run)
+            body["run"] = runs.run_detail(run)
+    return sse.sse_event(body, event="error")
 
-    def __init__(self, app_id: str, run_id: str, interval: float) -> None:
-        self._app_id, self._run_id, self._interval = app_id, run_id, interval
+
+class _RunCheck:
+    """On idle, at most once per ``interval``: end the run if its worker died or never started it,
+    write its end if that is pending, and end the response with the row's outcome if the topic
+    cannot deliver it (a live-only transport, or an end still pending after ``grace``)."""
+
+    def __init__(self, app_id: str, run_id: str, *, interval: float, grace: float, live_only: bool) -> None:
+        self._app_id, self._run_id = app_id, run_id
+        self._interval, self._grace, self._live_only = interval, grace, live_only
         self._last = 0.0
+        self._pending_since: float | None = None
 
-    def __call__(self) -> None:
+    def __call__(self) -> dict[str, Any] | None:
         now = time.monotonic()
         if now - self._last < self._interval:
-            return
+            return None
         self._last = now
         run = db.session.get(WorkflowRun, self._run_id)
         app = db.session.get(App, self._app_id)
         if run is None or app is None:
-            return
-        db.session.refresh(run)
-        runs.check_lease(app, run)
-        db.session.commit()  # end the read transaction: the next check must see fresh rows
-
-
-def _finished_from_row(run: WorkflowRun) -> dict[str, object]:
-    return finished_event(
-        task_id=run.task_id,
-        workflow_run_id=run.id,
-        app_id=run.app_id,
-        status=run.status,
-        outputs=run.outputs,
-        error=run.error,
-        steps=run.total_steps,
-        created_at=run.created_timestamp,
-        finished_at=run.finished_timestamp,
-    )
+            return None
+        try:
+            db.session.refresh(run)
+            run_recovery.check_run(app, run)
+            if not run.run_status.is_terminal or (run.stream_ended and not self._live_only):
+                return None
+            if self._live_only:
+                return run_recovery.finished_event_of(run)
+            if self._pending_since is None:
+                self._pending_since = now
+            elif now - self._pending_since >= self._grace:
+                return run_recovery.finished_event_of(run)
+            return None
+        finally:
+            db.session.commit()  # end the read transaction: the next check must see fresh rows

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Mapping
@@ -13,22 +12,19 @@ from sqlalchemy import select
 
 from api.configs import AppConfig
 from api.core.app.apps import run_store
-from api.core.app.apps.event_transport import EventTopic
 from api.core.app.apps.topics import workflow_run_topic
-from api.core.durable_stream import CLOSED, DurableStreamError, TopicSealedError
+from api.core.durable_stream import CLOSED, DurableStreamError
 from api.core.workflow import Graph
-from api.core.workflow.engine import finished_event
 from api.core.workflow.errors import NodeRunError
-from api.core.workflow.events import make_event
 from api.core.workflow.nodes import validate_form
 from api.extensions.ext_database import db
 from api.extensions.ext_event_bus import event_transport
 from api.models import App, WorkflowRun, WorkflowRunStatus
 
+from . import run_recovery
 from .errors import ConflictError, InvalidParamError, NotFoundError, RunWaitTimeoutError, ServiceUnavailableError
 
 RESPONSE_MODES = ("blocking", "async", "streaming")
-LEASE_EXPIRED_ERROR = "the worker executing this run stopped responding (lease expired)"
 
 
 def _config() -> AppConfig:
@@ -61,29 +57,55 @@ def parse_run_request(app: App, payload: Any) -> tuple[dict[str, Any], str, str]
 
 
 def create_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
-    run = WorkflowRun(app_id=app.id, end_user=user, inputs_json=json.dumps(inputs))
+    run = WorkflowRun(
+        app_id=app.id,
+        end_user=user,
+        inputs_json=json.dumps(inputs),
+        attempt_id=run_store.new_attempt_id(),
+        dispatched_at=time.time(),
+    )
     db.session.add(run)
     db.session.commit()
     return run
 
 
 def dispatch(run: WorkflowRun, resume_form: Mapping[str, Any] | None = None) -> None:
-    """Queue the run's next execution attempt on this app's Celery instance."""
+    """Queue the run's current execution attempt on this app's Celery instance.
+
+    A run that cannot be queued fails at once (and its topic ends), so no reader waits for it.
+    """
     celery_app = current_app.extensions["celery"]
     queue = _config().CELERY_QUEUE
+    attempt = {"attempt_id": run.attempt_id}
     try:
         if resume_form is None:
-            celery_app.send_task("workflow_based_app_execution_task", args=[run.id], queue=queue)
+            celery_app.send_task("workflow_based_app_execution_task", args=[run.id], kwargs=attempt, queue=queue)
         else:
-            celery_app.send_task("resume_app_execution", args=[run.id, dict(resume_form)], queue=queue)
+            celery_app.send_task("resume_app_execution", args=[run.id, dict(resume_form)], kwargs=attempt, queue=queue)
     except Exception as exc:  # the broker is the only thing that can fail here
-        run_store.finish(run.id, "failed", outputs=None, error="could not dispatch the run", steps=0)
+        if run_store.finish(run.id, "failed", outputs=None, error="could not dispatch the run", steps=run.total_steps):
+            db.session.refresh(run)
+            run_recovery.repair_end(_app_of(run), run)
         raise ServiceUnavailableError("the task queue is unavailable", code="queue_unavailable") from exc
 
 
+def _app_of(run: WorkflowRun) -> App:
+    app = db.session.get(App, run.app_id)
+    assert app is not None
+    return app
+
+
 def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
-    """Dispatch and wait for the run to finish or pause, reading its own event stream."""
-    deadline = time.monotonic() + _config().BLOCKING_RESPONSE_TIMEOUT
+    """Dispatch and wait for the run to finish or pause, reading its own event stream.
+
+    The row is authoritative (the worker records the outcome before the stream's end), so while the
+    stream is quiet the row is checked too, together with the run's lease and start deadline: a run
+    whose worker died ends here as failed instead of keeping the request until its timeout.
+    """
+    config = _config()
+    deadline = time.monotonic() + config.BLOCKING_RESPONSE_TIMEOUT
+    check_every = max(0.5, config.WORKFLOW_LEASE_TTL / 3)
+    next_check = time.monotonic() + check_every
     try:
         # Subscribe before dispatching: the run cannot get ahead of the reader.
         with event_transport().subscribe_live(topic_name(app, run)) as subscription:
@@ -92,11 +114,18 @@ def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
                 record = subscription.receive(timeout=min(remaining, 1.0))
                 if record is CLOSED:
                     break
-                if record is None:
+                if record is not None:
+                    event = json.loads(record.payload)
+                    if event["event"] in ("workflow_finished", "workflow_paused"):
+                        break
                     continue
-                event = json.loads(record.payload)
-                if event["event"] in ("workflow_finished", "workflow_paused"):
-                    break
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + check_every
+                    db.session.refresh(run)
+                    run_recovery.check_run(app, run)
+                    db.session.commit()  # end the read transaction: the next check must see fresh rows
+                    if run.status != WorkflowRunStatus.RUNNING.value:
+                        break
             else:
                 raise RunWaitTimeoutError("the run did not finish in time; it goes on in the background")
     except DurableStreamError as exc:
@@ -148,7 +177,7 @@ def stop_run(app: App, task_id: str, user: str) -> None:
         run.id, "stopped", outputs=None, error="stopped by user", steps=run.total_steps, expected="paused"
     ):
         db.session.refresh(run)
-        _end_topic(app, run, status="stopped", error="stopped by user")
+        run_recovery.repair_end(app, run)  # a failure leaves the end pending for the reaper
 
 
 def submit_human_input(app: App, run_id: str, payload: Any) -> WorkflowRun:
@@ -167,64 +196,9 @@ def submit_human_input(app: App, run_id: str, payload: Any) -> WorkflowRun:
         validate_form(node, form)
     except NodeRunError as exc:
         raise InvalidParamError(str(exc)) from exc
-    if not run_store.resume(run.id):
+    if run_store.resume(run.id) is None:
         raise ConflictError("the run was resumed or stopped concurrently", code="workflow_not_paused")
+    db.session.refresh(run)
     dispatch(run, resume_form=form)
     db.session.refresh(run)
     return run
-
-
-def check_lease(app: App, run: WorkflowRun) -> bool:
-    """End a run whose worker died: if its lease expired and it still runs, publish a failed end.
-
-    The conditional row update decides who wins when several API processes check at once; the
-    loser (or a worker that comes back late) finds the topic sealed. Returns whether this call ended it.
-    """
-    if run.status != WorkflowRunStatus.RUNNING.value or run.lease_expires_at is None:
-        return False
-    if run.lease_expires_at >= time.time():
-        return False
-    if not run_store.fail_if_lease_expired(run.id, LEASE_EXPIRED_ERROR):
-        return False
-    db.session.refresh(run)
-    _end_topic(app, run, status="failed", error=LEASE_EXPIRED_ERROR)
-    return True
-
-
-def reap_expired_runs() -> int:
-    """Run :func:`check_lease` over every running run with an expired lease."""
-    rows = db.session.execute(
-        select(WorkflowRun, App)
-        .join(App, App.id == WorkflowRun.app_id)
-        .where(WorkflowRun.status == WorkflowRunStatus.RUNNING.value, WorkflowRun.lease_expires_at < time.time())
-    ).all()
-    return sum(1 for run, app in rows if check_lease(app, run))
-
-
-def _end_topic(app: App, run: WorkflowRun, *, status: str, error: str) -> None:
-    transport = event_transport()
-    topic: EventTopic = transport.topic(topic_name(app, run))
-    producer = topic.as_producer()
-    created_at = run.created_timestamp
-    with contextlib.suppress(TopicSealedError):
-        info = transport.topic_info(topic_name(app, run))
-        if transport.resumable and (info is None or info.last_ordinal == 0):
-            started = make_event(
-                "workflow_started",
-                task_id=run.task_id,
-                workflow_run_id=run.id,
-                data={"id": run.id, "workflow_id": app.id, "inputs": run.inputs, "created_at": int(created_at)},
-            )
-            producer.append(json.dumps(started, separators=(",", ":")).encode())
-        event = finished_event(
-            task_id=run.task_id,
-            workflow_run_id=run.id,
-            app_id=app.id,
-            status=status,
-            outputs=None,
-            error=error,
-            steps=run.total_steps,
-            created_at=created_at,
-        )
-        producer.append(json.dumps(event, separators=(",", ":")).encode())
-    topic.seal()

@@ -1,26 +1,44 @@
-"""Celery tasks that execute workflow runs; every event goes to the run's durable-stream topic."""
+"""Celery tasks that execute workflow runs; every event goes to the run's durable-stream topic.
+
+The workflow tasks are acknowledged late (see ``api.extensions.ext_celery``): a message is removed
+from the broker only after its attempt ended, so a worker killed with messages in hand does not
+lose them. A delivery that cannot claim its attempt (a duplicate, a stale message, or a run whose
+attempt already died) runs nothing; it checks the run instead, which ends a run whose attempt died.
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import shared_task
 
-from api.core.app.apps.workflow_app_runner import execute_run
+from api.core.app.apps.workflow_app_runner import AttemptNotClaimedError, execute_run
+from api.services import run_recovery
+
+logger = logging.getLogger(__name__)
+
+
+def _execute(workflow_run_id: str, attempt_id: str | None, form: dict[str, Any] | None = None) -> str | None:
+    try:
+        return execute_run(workflow_run_id, attempt_id, resume_form=form)
+    except AttemptNotClaimedError as exc:
+        logger.info("%s; checking the run instead", exc)
+        run_recovery.check_run_by_id(workflow_run_id)
+        return None
 
 
 @shared_task(name="workflow_based_app_execution_task", ignore_result=True)
-def workflow_based_app_execution_task(workflow_run_id: str) -> str | None:
-    return execute_run(workflow_run_id)
+def workflow_based_app_execution_task(workflow_run_id: str, attempt_id: str | None = None) -> str | None:
+    return _execute(workflow_run_id, attempt_id)
 
 
 @shared_task(name="resume_app_execution", ignore_result=True)
-def resume_app_execution(workflow_run_id: str, form: dict[str, Any]) -> str | None:
-    return execute_run(workflow_run_id, resume_form=form)
+def resume_app_execution(workflow_run_id: str, form: dict[str, Any], attempt_id: str | None = None) -> str | None:
+    return _execute(workflow_run_id, attempt_id, form)
 
 
 @shared_task(name="reap_expired_workflow_runs", ignore_result=True)
-def reap_expired_workflow_runs() -> int:
-    from api.services.workflow_run_service import reap_expired_runs
-
-    return reap_expired_runs()
+def reap_expired_workflow_runs() -> str:
+    """One reaper sweep, for deployments that schedule it with Celery beat as well."""
+    return str(run_recovery.reap())

@@ -1,25 +1,38 @@
-"""AppExecutionCoordinator against a real (SQLite) durable stream: sealing rules and the failed end."""
+"""AppExecutionCoordinator against real durable streams (SQLite; a private Redis that is killed and restarted):
+sealing rules, the failed end, and an end that is retried or left pending while the store is away."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import pathlib
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from api.core.app.apps.event_transport import DurableEventTransport
 from api.core.app.apps.execution_coordinator import (
     AppExecutionCoordinator,
     AppExecutionState,
     RunIdentity,
     RunTakenOverError,
 )
-from api.core.durable_stream import CLOSED, DurableStreamBackend, DurableStreamTopic, TopicSealedError, connect
+from api.core.app.apps.run_end import write_end
+from api.core.durable_stream import (
+    CLOSED,
+    DurableStreamBackend,
+    DurableStreamTopic,
+    DurableStreamUnavailableError,
+    TopicSealedError,
+    connect,
+)
 from api.core.workflow.events import make_event
+from tests.support.redis_server import RedisServer
 
+TOPIC = "workflow:workflow_run:run"
 RUN = RunIdentity(app_id="app", task_id="task", workflow_run_id="run", created_at=time.time())
 
 
@@ -31,7 +44,7 @@ def backend(tmp_path: pathlib.Path) -> Iterator[DurableStreamBackend]:
 
 @pytest.fixture
 def topic(backend: DurableStreamBackend) -> DurableStreamTopic:
-    return backend.topic("workflow:workflow_run:run")
+    return backend.topic(TOPIC)
 
 
 def event(name: str, **data: Any) -> dict[str, Any]:
@@ -51,15 +64,22 @@ def read_all(topic: DurableStreamTopic) -> tuple[list[dict[str, Any]], bool]:
             events.append(json.loads(record.payload))
 
 
-def coordinator(topic: DurableStreamTopic, **kwargs: Any) -> AppExecutionCoordinator:
+@pytest.fixture
+def transport(backend: DurableStreamBackend) -> DurableEventTransport:
+    return DurableEventTransport(backend)
+
+
+def coordinator(transport: DurableEventTransport, **kwargs: Any) -> AppExecutionCoordinator:
     kwargs.setdefault("max_execution_time", 60)
     kwargs.setdefault("stop_requested", lambda: False)
-    return AppExecutionCoordinator(topic=topic, run=RUN, **kwargs)
+    return AppExecutionCoordinator(transport=transport, topic_name=TOPIC, run=RUN, **kwargs)
 
 
-def test_terminal_event_is_appended_then_the_topic_sealed(topic: DurableStreamTopic) -> None:
+def test_terminal_event_is_appended_then_the_topic_sealed(
+    topic: DurableStreamTopic, transport: DurableEventTransport
+) -> None:
     ended: list[str] = []
-    c = coordinator(topic, before_end=lambda e: ended.append(e["data"]["status"]))
+    c = coordinator(transport, before_end=lambda e: ended.append(e["data"]["status"]) or True)
     c.start()
     c.publish(event("workflow_started"))
     c.publish(event("workflow_finished", status="succeeded", outputs={}, error=None))
@@ -71,21 +91,23 @@ def test_terminal_event_is_appended_then_the_topic_sealed(topic: DurableStreamTo
         topic.append(b"late")
 
 
-def test_pause_is_appended_without_sealing(topic: DurableStreamTopic) -> None:
-    c = coordinator(topic)
+def test_pause_is_appended_without_sealing(topic: DurableStreamTopic, transport: DurableEventTransport) -> None:
+    c = coordinator(transport)
     c.publish(event("workflow_started"))
     c.publish(event("workflow_paused", paused_node_id="approve"))
     assert c.finish() is False and c.state is AppExecutionState.PAUSED
     events, sealed = read_all(topic)
     assert events[-1]["event"] == "workflow_paused" and not sealed
-    resumed = coordinator(topic, started_sent=True)  # a resumed attempt continues on the same topic
+    resumed = coordinator(transport, started_sent=True)  # a resumed attempt continues on the same topic
     resumed.publish(event("workflow_finished", status="succeeded", outputs={}, error=None))
     events, sealed = read_all(topic)
     assert [e["event"] for e in events] == ["workflow_started", "workflow_paused", "workflow_finished"] and sealed
 
 
-def test_an_attempt_without_a_terminal_event_ends_failed_and_sealed(topic: DurableStreamTopic) -> None:
-    c = coordinator(topic)
+def test_an_attempt_without_a_terminal_event_ends_failed_and_sealed(
+    topic: DurableStreamTopic, transport: DurableEventTransport
+) -> None:
+    c = coordinator(transport)
     c.publish(event("workflow_started"))
     c.publish(event("node_started", node_id="draft"))
     assert c.finish("internal error: boom") is True
@@ -94,16 +116,18 @@ def test_an_attempt_without_a_terminal_event_ends_failed_and_sealed(topic: Durab
     assert events[-1]["data"]["status"] == "failed" and events[-1]["data"]["error"] == "internal error: boom"
 
 
-def test_a_failure_before_any_event_sends_a_synthetic_start_first(topic: DurableStreamTopic) -> None:
-    c = coordinator(topic)
+def test_a_failure_before_any_event_sends_a_synthetic_start_first(
+    topic: DurableStreamTopic, transport: DurableEventTransport
+) -> None:
+    c = coordinator(transport)
     assert c.finish("worker crashed") is True
     events, sealed = read_all(topic)
     assert [e["event"] for e in events] == ["workflow_started", "workflow_finished"] and sealed
 
 
-def test_watchdog_requests_an_abort(topic: DurableStreamTopic) -> None:
+def test_watchdog_requests_an_abort(topic: DurableStreamTopic, transport: DurableEventTransport) -> None:
     aborted: list[str] = []
-    c = coordinator(topic, max_execution_time=0.2, on_abort=aborted.append, stop_check_interval=0)
+    c = coordinator(transport, max_execution_time=0.2, on_abort=aborted.append, stop_check_interval=0)
     c.start()
     deadline = time.monotonic() + 5
     while c.should_stop() is None:
@@ -113,14 +137,16 @@ def test_watchdog_requests_an_abort(topic: DurableStreamTopic) -> None:
     assert len(aborted) == 1
 
 
-def test_stop_flag_is_checked_at_most_once_per_interval(topic: DurableStreamTopic) -> None:
+def test_stop_flag_is_checked_at_most_once_per_interval(
+    topic: DurableStreamTopic, transport: DurableEventTransport
+) -> None:
     checks: list[float] = []
 
     def stop_requested() -> bool:
         checks.append(time.monotonic())
         return len(checks) >= 3
 
-    c = coordinator(topic, stop_requested=stop_requested, stop_check_interval=0.05)
+    c = coordinator(transport, stop_requested=stop_requested, stop_check_interval=0.05)
     deadline = time.monotonic() + 5
     while c.should_stop() is None:
         assert time.monotonic() < deadline
@@ -128,10 +154,106 @@ def test_stop_flag_is_checked_at_most_once_per_interval(topic: DurableStreamTopi
     assert all(b - a >= 0.04 for a, b in itertools.pairwise(checks))
 
 
-def test_a_topic_sealed_by_someone_else_takes_the_run_over(topic: DurableStreamTopic) -> None:
-    c = coordinator(topic)
+def test_a_topic_sealed_by_someone_else_takes_the_run_over(
+    topic: DurableStreamTopic, transport: DurableEventTransport
+) -> None:
+    c = coordinator(transport)
     c.publish(event("workflow_started"))
     topic.seal()  # e.g. the API's lease check ended the run
     with pytest.raises(RunTakenOverError):
         c.publish(event("node_started"))
     assert c.finish() is False
+
+
+@pytest.fixture
+def redis_store() -> Iterator[RedisServer]:
+    with RedisServer(appendonly=True) as server:
+        yield server
+
+
+def test_the_end_is_retried_until_the_store_is_back(redis_store: RedisServer) -> None:
+    with connect(redis_store.url) as backend:
+        transport = DurableEventTransport(backend)
+        stream_ended: list[bool] = []
+        c = coordinator(transport, on_stream_ended=lambda: stream_ended.append(True), end_deadline=30)
+        c.publish(event("workflow_started"))
+        redis_store.kill()
+        # Published from another thread: the server must be restarted by this one, which it dies with.
+        publishing = threading.Thread(
+            target=c.publish, args=(event("workflow_finished", status="succeeded", outputs={}, error=None),)
+        )
+        publishing.start()
+        time.sleep(0.5)  # the outage itself
+        redis_store.start()
+        publishing.join(timeout=30)
+        assert not publishing.is_alive()
+        events, sealed = read_all(backend.topic(TOPIC))
+        assert [e["event"] for e in events] == ["workflow_started", "workflow_finished"] and sealed
+        assert stream_ended == [True] and c.state is AppExecutionState.TERMINAL
+
+
+def test_an_end_not_written_by_the_deadline_is_left_pending(redis_store: RedisServer) -> None:
+    with connect(redis_store.url) as backend:
+        transport = DurableEventTransport(backend)
+        stream_ended: list[bool] = []
+        recorded: list[str] = []
+        c = coordinator(
+            transport,
+            before_end=lambda e: recorded.append(e["data"]["status"]) or True,
+            on_stream_ended=lambda: stream_ended.append(True),
+            end_deadline=0.5,
+        )
+        c.publish(event("workflow_started"))
+        redis_store.kill()
+        started = time.monotonic()
+        c.publish(event("workflow_finished", status="succeeded", outputs={}, error=None))
+        assert time.monotonic() - started < 5
+        assert recorded == ["succeeded"], "the row holds the outcome"
+        assert stream_ended == [] and c.state is AppExecutionState.TERMINAL
+        redis_store.start()
+        assert not transport.topic_info(TOPIC).sealed, "end pending"
+        finished = event("workflow_finished", status="succeeded", outputs={}, error=None)
+        write_end(transport, TOPIC, finished, event("workflow_started"))
+        write_end(transport, TOPIC, finished, event("workflow_started"))  # a second repairer changes nothing
+        events, sealed = read_all(backend.topic(TOPIC))
+        assert [e["event"] for e in events] == ["workflow_started", "workflow_finished"] and sealed
+
+
+def test_a_repair_after_an_unacknowledged_append_does_not_repeat_the_end(
+    topic: DurableStreamTopic, transport: DurableEventTransport
+) -> None:
+    topic.append(json.dumps(event("workflow_started")).encode())
+    finished = event("workflow_finished", status="failed", outputs=None, error="boom")
+    topic.append(json.dumps(finished).encode())  # stored, but its writer never heard back
+    write_end(transport, TOPIC, finished, event("workflow_started"))
+    events, sealed = read_all(topic)
+    assert [e["event"] for e in events] == ["workflow_started", "workflow_finished"] and sealed
+
+
+def test_a_run_that_never_started_gets_a_start_before_its_end(
+    topic: DurableStreamTopic, transport: DurableEventTransport
+) -> None:
+    write_end(transport, TOPIC, event("workflow_finished", status="failed"), event("workflow_started"))
+    events, sealed = read_all(topic)
+    assert [e["event"] for e in events] == ["workflow_started", "workflow_finished"] and sealed
+
+
+def test_a_pause_that_cannot_be_written_fails_the_run(redis_store: RedisServer) -> None:
+    with connect(redis_store.url) as backend:
+        lost: list[str] = []
+        c = coordinator(DurableEventTransport(backend), on_pause_lost=lost.append, end_deadline=0.5)
+        c.publish(event("workflow_started"))
+        redis_store.kill()
+        c.publish(event("workflow_paused", paused_node_id="approve"))
+        assert c.state is AppExecutionState.TERMINAL
+        assert len(lost) == 1 and "unavailable when the run paused" in lost[0]
+
+
+def test_a_failed_append_of_an_ordinary_event_raises_to_end_the_attempt(redis_store: RedisServer) -> None:
+    with connect(redis_store.url) as backend:
+        c = coordinator(DurableEventTransport(backend))
+        c.publish(event("workflow_started"))
+        redis_store.kill()
+        with pytest.raises(DurableStreamUnavailableError):
+            c.publish(event("text_chunk", text="lost"))
+        assert c.state is AppExecutionState.RUNNING

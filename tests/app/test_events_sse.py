@@ -48,13 +48,20 @@ def events_of(messages: list[SseMessage]) -> list[dict[str, Any]]:
 
 
 def run_streaming(harness: AppHarness, key: str, inputs: dict[str, Any], user: str = "u1") -> list[SseMessage]:
+    """A streaming run's messages after its ``run_created`` preamble (checked here)."""
     response = harness.client.post(
         "/v1/workflows/run",
         json={"inputs": inputs, "user": user, "response_mode": "streaming"},
         headers={"Authorization": f"Bearer {key}"},
         buffered=False,
     )
-    return stream(response)
+    task_id, run_id = response.headers.get("X-Task-Id"), response.headers.get("X-Workflow-Run-Id")
+    created, *messages = stream(response)
+    assert created.event == "run_created" and created.id is None
+    assert created.json == {"event": "run_created", "task_id": task_id, "workflow_run_id": run_id}
+    events = [m.json for m in messages if not m.is_ping and m.event is None]
+    assert all(e["task_id"] == task_id and e["workflow_run_id"] == run_id for e in events)
+    return messages
 
 
 def events_url(task_id: str, user: str, **params: str) -> str:

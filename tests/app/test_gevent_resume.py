@@ -108,7 +108,9 @@ def follow_with_disconnects(base: str, key: str, rng: random.Random) -> tuple[st
         budget = rng.randint(1, 40) if disconnects_left else None
         finished = False
         for message in parse_sse(response.iter_content(chunk_size=None)):
-            if message.is_ping:
+            if message.event == "run_created":  # the ids come first, so even an early drop can reconnect
+                task_id = message.json["task_id"]
+            if message.event is not None:
                 continue
             event = message.json
             received.append(event)

@@ -223,7 +223,7 @@ def test_watchdog_timeout_stops_the_run(make_harness: Callable[..., AppHarness])
 def test_a_killed_worker_is_caught_by_the_lease(make_harness: Callable[..., AppHarness]) -> None:
     from api.extensions.ext_database import db
     from api.models import App, WorkflowRun
-    from api.services import workflow_run_service
+    from api.services import run_recovery
 
     ttl = 3.0
     harness = make_harness(WORKFLOW_LEASE_TTL=ttl)
@@ -244,7 +244,7 @@ def test_a_killed_worker_is_caught_by_the_lease(make_harness: Callable[..., AppH
         with harness.app.app_context():
             run_row = db.session.get(WorkflowRun, run_id)
             app_row = db.session.get(App, run_row.app_id)
-            ended = workflow_run_service.check_lease(app_row, run_row)
+            ended = run_recovery.check_lease(app_row, run_row)
             db.session.remove()
         time.sleep(0.1)
     events = harness.events(run_id)
@@ -255,7 +255,7 @@ def test_a_killed_worker_is_caught_by_the_lease(make_harness: Callable[..., AppH
     assert detail["error"].startswith("the worker executing this run stopped responding")
     with harness.app.app_context():  # a second check (another API process) changes nothing
         run_row = db.session.get(WorkflowRun, run_id)
-        assert workflow_run_service.check_lease(db.session.get(App, run_row.app_id), run_row) is False
+        assert run_recovery.check_lease(db.session.get(App, run_row.app_id), run_row) is False
 
 
 def test_postgresql_as_the_app_database(make_harness: Callable[..., AppHarness]) -> None:

@@ -20,7 +20,7 @@ def start_run(app_model: App, body: Any) -> Any:
         runs.dispatch(run)
         return {"task_id": run.task_id, "workflow_run_id": run.id}, 202
     if mode == "streaming":
-        return event_stream_response(event_streams.run_streaming(app_model, run))
+        return event_stream_response(event_streams.run_streaming(app_model, run), event_streams.run_headers(run))
     return runs.run_blocking(app_model, run)
 
 
@@ -42,5 +42,7 @@ def last_event_id() -> str | None:
     return value.strip() or None if value else None
 
 
-def event_stream_response(events: Any) -> Response:
-    return Response(stream_with_context(events), mimetype="text/event-stream", headers=SSE_HEADERS)
+def event_stream_response(events: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        stream_with_context(events), mimetype="text/event-stream", headers={**SSE_HEADERS, **(headers or {})}
+    )

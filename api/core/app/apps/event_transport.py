@@ -70,6 +70,10 @@ class WorkflowEventTransport(Protocol):
         """What is retained of the topic, or ``None`` (always ``None`` when live-only)."""
         ...
 
+    def last_payload(self, name: str) -> bytes | None:
+        """The newest retained record's payload (reads the whole retained topic), or ``None``."""
+        ...
+
 
 class _DurableSubscription:
     resumable = True
@@ -113,6 +117,16 @@ class DurableEventTransport:
 
     def topic_info(self, name: str) -> TopicInfo | None:
         return self._backend.admin.topic_info(name)
+
+    def last_payload(self, name: str) -> bytes | None:
+        # Only a repair of a run's end asks this, so reading the retained run once is affordable.
+        last = None
+        with self._backend.topic(name).subscribe_from_beginning() as subscription:
+            while True:
+                record = subscription.receive(timeout=0)
+                if record is None or record is CLOSED:
+                    return last
+                last = record.payload
 
 
 class _BroadcastTopic:
@@ -184,4 +198,7 @@ class BroadcastEventTransport:
         return self.subscribe_live(name)
 
     def topic_info(self, name: str) -> TopicInfo | None:
+        return None
+
+    def last_payload(self, name: str) -> bytes | None:
         return None

@@ -7,17 +7,19 @@ resumed attempt continues on the same topic. :meth:`finish` guarantees the topic
 after an attempt that neither paused nor finished: it appends a synthetic ``workflow_started`` (if
 this run never sent one) and ``workflow_finished(failed)``, then seals.
 
-``before_end`` runs before the final event is appended, so that the run row already holds the
-outcome when a reader sees the end of the stream. A listener going away is not a cancellation:
-nothing here watches subscribers.
+``before_end`` records the outcome in the run row before the final event is appended, so that the
+row already holds it when a reader sees the end of the stream. Both writes of an end (the row's
+and the topic's) are retried with backoff until ``end_deadline``: a stream store or database that
+is away for a moment must not leave a run without its end. If the topic's end still cannot be
+written, the row stays "end pending" and the repair (:mod:`.run_end`) writes it later. A
+non-terminal event whose append fails raises to the caller, which ends the attempt through
+:meth:`finish`. A listener going away is not a cancellation: nothing here watches subscribers.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
-import json
 import logging
 import threading
 import time
@@ -28,7 +30,8 @@ from api.core.durable_stream import DurableStreamProducer, TopicSealedError
 from api.core.workflow.engine import finished_event
 from api.core.workflow.events import make_event
 
-from .event_transport import EventTopic
+from .event_transport import WorkflowEventTransport
+from .run_end import DeadlinePassedError, encode, retry_until, write_end
 
 logger = logging.getLogger(__name__)
 
@@ -49,30 +52,39 @@ class RunIdentity:
 
 
 class RunTakenOverError(Exception):
-    """The run's topic was sealed by someone else (an expired lease was reaped): stop quietly."""
+    """The run was ended by someone else (an expired lease was reaped): stop quietly."""
 
 
 class AppExecutionCoordinator:
     def __init__(
         self,
         *,
-        topic: EventTopic,
+        transport: WorkflowEventTransport,
+        topic_name: str,
         run: RunIdentity,
         max_execution_time: float,
         stop_requested: Callable[[], bool],
         on_abort: Callable[[str], None] = lambda reason: None,
-        before_end: Callable[[dict[str, Any]], None] = lambda event: None,
+        before_end: Callable[[dict[str, Any]], bool] = lambda event: True,
+        on_stream_ended: Callable[[], None] = lambda: None,
+        on_pause_lost: Callable[[str], None] = lambda error: None,
         started_sent: bool = False,
         stop_check_interval: float = 1.0,
+        end_deadline: float = 30.0,
     ) -> None:
-        self._topic = topic
-        self._producer: DurableStreamProducer = topic.as_producer()
+        self._transport = transport
+        self._topic_name = topic_name
+        self._topic = transport.topic(topic_name)
+        self._producer: DurableStreamProducer = self._topic.as_producer()
         self.run = run
         self._max_execution_time = max_execution_time
         self._stop_requested = stop_requested
         self._on_abort = on_abort
         self._before_end = before_end
+        self._on_stream_ended = on_stream_ended
+        self._on_pause_lost = on_pause_lost
         self._stop_check_interval = stop_check_interval
+        self._end_deadline = end_deadline
         self._started_sent = started_sent
         self._lock = threading.Lock()
         self._state = AppExecutionState.RUNNING
@@ -119,17 +131,22 @@ class AppExecutionCoordinator:
         return self._abort_reason
 
     def publish(self, event: dict[str, Any]) -> None:
+        """Append one event of the attempt.
+
+        Raises:
+            RunTakenOverError: Someone else ended the run; the attempt must stop quietly.
+            DurableStreamUnavailableError: A non-terminal event could not be appended; end the
+                attempt with :meth:`finish`.
+        """
         name = event["event"]
         if name == "workflow_started":
             self._started_sent = True
-        if name in ("workflow_finished", "workflow_paused"):
-            # The run row is final before any reader can see the end of the stream.
-            self._before_end(event)
-        self._append(event)
         if name == "workflow_finished":
-            self._terminate()
+            self._end(event)
         elif name == "workflow_paused":
-            self._set_state(AppExecutionState.PAUSED)
+            self._pause(event)
+        else:
+            self._append(event)
 
     def finish(self, error: str | None = None) -> bool:
         """End the attempt; if it neither paused nor finished, publish a failed end. Returns whether it did."""
@@ -138,21 +155,18 @@ class AppExecutionCoordinator:
             return False
         reason = error or "the workflow ended without a terminal event"
         logger.warning("run %s ended without a terminal event: %s", self.run.workflow_run_id, reason)
-        with contextlib.suppress(RunTakenOverError):
-            if not self._started_sent:
-                self._append(
-                    make_event(
-                        "workflow_started",
-                        task_id=self.run.task_id,
-                        workflow_run_id=self.run.workflow_run_id,
-                        data={"id": self.run.workflow_run_id, "workflow_id": self.run.app_id, "inputs": {}},
-                    )
-                )
-                self._started_sent = True
-            failed = self.failed_event(reason)
-            self._before_end(failed)
-            self._append(failed)
-        self._terminate()
+        started = None
+        if not self._started_sent:
+            started = make_event(
+                "workflow_started",
+                task_id=self.run.task_id,
+                workflow_run_id=self.run.workflow_run_id,
+                data={"id": self.run.workflow_run_id, "workflow_id": self.run.app_id, "inputs": {}},
+            )
+        try:
+            self._end(self.failed_event(reason), started=started)
+        except RunTakenOverError:
+            self._set_state(AppExecutionState.TERMINAL)
         return True
 
     def failed_event(self, error: str) -> dict[str, Any]:
@@ -169,15 +183,92 @@ class AppExecutionCoordinator:
 
     def _append(self, event: dict[str, Any]) -> None:
         try:
-            self._producer.append(json.dumps(event, separators=(",", ":")).encode())
+            self._producer.append(encode(event))
         except TopicSealedError as exc:
             self._set_state(AppExecutionState.TERMINAL)
             raise RunTakenOverError(f"run {self.run.workflow_run_id} was already ended elsewhere") from exc
 
-    def _terminate(self) -> None:
+    def _record(self, event: dict[str, Any], deadline: float) -> None:
+        """The row first: a reader that sees the end of the stream must find the outcome in the row."""
+        run_id = self.run.workflow_run_id
+        try:
+            recorded = retry_until(deadline, lambda: self._before_end(event), what=f"record the end of run {run_id}")
+        except DeadlinePassedError:
+            # The row still says "running"; once the lease this attempt held expires, the reaper
+            # ends the run as failed. Writing the topic's end now would contradict the row.
+            self._set_state(AppExecutionState.TERMINAL)
+            raise
+        if not recorded:
+            self._set_state(AppExecutionState.TERMINAL)
+            raise RunTakenOverError(f"run {run_id} was already ended elsewhere")
+
+    def _end(self, finished: dict[str, Any], started: dict[str, Any] | None = None) -> None:
         self._cancel_watchdog()
-        self._topic.seal()
+        deadline = time.monotonic() + self._end_deadline
+        run_id = self.run.workflow_run_id
+        try:
+            self._record(finished, deadline)
+        except DeadlinePassedError:
+            logger.exception("run %s: its outcome could not be recorded; the reaper will end it", run_id)
+            return
+        tries = 0
+
+        def write() -> None:
+            nonlocal tries
+            tries += 1
+            if tries == 1 and started is None:  # the common case: one append, one seal
+                self._producer.append(encode(finished))
+                self._topic.seal()
+            else:  # after a failure the append may have been stored: look before writing again
+                write_end(self._transport, self._topic_name, finished, started)
+
+        try:
+            retry_until(deadline, write, what=f"write the end of run {run_id}")
+        except TopicSealedError as exc:
+            self._set_state(AppExecutionState.TERMINAL)
+            raise RunTakenOverError(f"run {run_id} was already ended elsewhere") from exc
+        except DeadlinePassedError:
+            logger.exception("run %s: its end is pending; the repair writes it when the stream is back", run_id)
+            self._set_state(AppExecutionState.TERMINAL)
+            return
         self._set_state(AppExecutionState.TERMINAL)
+        try:
+            self._on_stream_ended()
+        except Exception:  # the repair finds the topic sealed and records it then
+            logger.exception("could not record that run %s's stream ended", run_id)
+
+    def _pause(self, event: dict[str, Any]) -> None:
+        self._cancel_watchdog()
+        deadline = time.monotonic() + self._end_deadline
+        run_id = self.run.workflow_run_id
+        try:
+            self._record(event, deadline)
+        except DeadlinePassedError:
+            logger.exception("run %s: its pause could not be recorded; the reaper will end it", run_id)
+            return
+        payload = encode(event)
+        tries = 0
+
+        def write() -> None:
+            nonlocal tries
+            tries += 1
+            # A pause is the last event of its attempt: after a failure, look before writing again.
+            if tries == 1 or self._transport.last_payload(self._topic_name) != payload:
+                self._producer.append(payload)
+
+        try:
+            retry_until(deadline, write, what=f"write the pause of run {run_id}")
+        except TopicSealedError as exc:
+            self._set_state(AppExecutionState.TERMINAL)
+            raise RunTakenOverError(f"run {run_id} was already ended elsewhere") from exc
+        except DeadlinePassedError as exc:
+            # Readers could not learn of the pause, so the run must not wait for a form: it fails,
+            # and the repair writes that end once the stream is back.
+            logger.exception("run %s: its pause could not be written; the run fails", run_id)
+            self._set_state(AppExecutionState.TERMINAL)
+            self._on_pause_lost(f"the event stream was unavailable when the run paused: {exc.__cause__}")
+            return
+        self._set_state(AppExecutionState.PAUSED)
 
     def _set_state(self, state: AppExecutionState) -> None:
         with self._lock:

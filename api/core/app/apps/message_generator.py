@@ -48,21 +48,36 @@ def terminal_events(continue_on_pause: bool) -> frozenset[str]:
     return frozenset({"workflow_finished"}) if continue_on_pause else DEFAULT_TERMINAL_EVENTS
 
 
+class IncompleteRunError(Exception):
+    """The retained events do not begin where the run began: its start is no longer retained."""
+
+
 def stream_topic_events(
     subscription: EventSubscription,
     *,
     ping_interval: float = 10.0,
     idle_timeout: float = 300.0,
     terminal: frozenset[str] = DEFAULT_TERMINAL_EVENTS,
-    on_idle: Callable[[], None] | None = None,
+    on_idle: Callable[[], dict[str, Any] | None] | None = None,
     poll_timeout: float = 1.0,
+    first_event: str | None = None,
+    first: StreamMessage | None = None,
 ) -> Iterator[Ping | StreamEvent]:
     """Yield a ping at once, then events; ping when idle; stop at a terminal event, the sealed end,
-    or after ``idle_timeout`` without events. The subscription must already be entered."""
+    or after ``idle_timeout`` without events. The subscription must already be entered.
+
+    ``first`` is a record already taken from the subscription. With ``first_event``, the first
+    record must be that event, else :class:`IncompleteRunError` (a reader from the beginning must
+    not mistake what is left of a run for the whole run). ``on_idle`` runs while nothing arrives; an
+    event it returns is yielded (without a cursor) as the last one.
+
+    Raises:
+        IncompleteRunError: The first record is not ``first_event``.
+    """
     yield PING
     poll_timeout = min(poll_timeout, ping_interval)
     last_event = last_ping = time.monotonic()
-    pending: StreamMessage | None = None
+    pending: StreamMessage | None = first
     while True:
         item = pending if pending is not None else subscription.receive(timeout=poll_timeout)
         pending = None
@@ -73,16 +88,23 @@ def stream_topic_events(
             if now - last_event > idle_timeout:
                 return
             if on_idle is not None:
-                on_idle()
+                final = on_idle()
+                if final is not None:
+                    yield StreamEvent(final, None)
+                    return
             if now - last_ping >= ping_interval:
                 last_ping = now
                 yield PING
             continue
         assert isinstance(item, StreamMessage)
         event = json.loads(item.payload)
+        name = event.get("event")
+        if first_event is not None:
+            if name != first_event:
+                raise IncompleteRunError(f"the retained events begin with {name!r}, not {first_event!r}")
+            first_event = None
         yield StreamEvent(event, item.cursor)
         last_event = time.monotonic()
-        name = event.get("event")
         if name not in terminal:
             continue
         if name == "workflow_paused":

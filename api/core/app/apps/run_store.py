@@ -1,9 +1,18 @@
 """Run-row state transitions, each one conditional so that concurrent actors cannot both win.
 
-Workers, API processes and the lease check all change ``workflow_runs`` rows; every transition is a
-single ``UPDATE … WHERE status = <expected>`` whose row count says who won. These functions use
-their own short transactions on the engine, so they are safe from any thread (lease renewal,
-watchdog) without touching the caller's session.
+Workers, API processes and the reaper all change ``workflow_runs`` rows; every transition is a
+single ``UPDATE … WHERE <expected state>`` whose row count says who won. These functions use their
+own short transactions on the engine, so they are safe from any thread (lease renewal, watchdog,
+reaper) without touching the caller's session.
+
+The columns that keep a run alive, whatever dies:
+
+- ``attempt_id`` / ``dispatched_at`` / ``attempt_started_at``: the attempt queued last, when, and
+  whether a worker claimed it. Only the first delivery of the current attempt runs; a run whose
+  attempt was not claimed within the start deadline fails.
+- ``lease_expires_at``: renewed by the worker while its attempt runs; an expired lease fails the run.
+- ``stream_ended`` / ``stream_repair_after``: whether the topic carries the run's end; a terminal
+  run without it is "end pending" and is repaired (not before ``stream_repair_after``).
 """
 
 from __future__ import annotations
@@ -11,20 +20,27 @@ from __future__ import annotations
 import datetime
 import json
 import time
+import uuid
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 
 from api.extensions.ext_database import db
 from api.models import WorkflowRun, WorkflowRunStatus
 
 RUNNING = WorkflowRunStatus.RUNNING.value
 PAUSED = WorkflowRunStatus.PAUSED.value
+FAILED = WorkflowRunStatus.FAILED.value
+TERMINAL = tuple(status.value for status in WorkflowRunStatus if status.is_terminal)
 
 
 def _execute(statement: Any) -> int:
     with db.engine.begin() as connection:
         return int(connection.execute(statement).rowcount)
+
+
+def new_attempt_id() -> str:
+    return uuid.uuid4().hex
 
 
 def request_stop(run_id: str) -> None:
@@ -36,6 +52,31 @@ def stop_requested(run_id: str) -> bool:
         return bool(connection.execute(select(WorkflowRun.stop_requested).where(WorkflowRun.id == run_id)).scalar())
 
 
+def claim(run_id: str, attempt_id: str, ttl: float) -> bool:
+    """Start the queued attempt ``attempt_id`` and take its lease; only one delivery of it wins."""
+    now = time.time()
+    statement = (
+        update(WorkflowRun)
+        .where(
+            WorkflowRun.id == run_id,
+            WorkflowRun.status == RUNNING,
+            WorkflowRun.attempt_id == attempt_id,
+            WorkflowRun.attempt_started_at.is_(None),
+        )
+        .values(attempt_started_at=now, lease_expires_at=now + ttl)
+    )
+    return _execute(statement) == 1
+
+
+def record_stream_epoch(run_id: str, epoch: str) -> None:
+    """Remember the incarnation of the run's topic its first event went to (once)."""
+    _execute(
+        update(WorkflowRun)
+        .where(WorkflowRun.id == run_id, WorkflowRun.stream_epoch.is_(None))
+        .values(stream_epoch=epoch)
+    )
+
+
 def renew_lease(run_id: str, ttl: float) -> bool:
     statement = (
         update(WorkflowRun)
@@ -45,18 +86,39 @@ def renew_lease(run_id: str, ttl: float) -> bool:
     return _execute(statement) == 1
 
 
-def finish(run_id: str, status: str, *, outputs: Any, error: str | None, steps: int, expected: str = RUNNING) -> bool:
+def _ended(status: str, error: str | None, repair_after: float | None) -> dict[str, Any]:
+    return {
+        "status": status,
+        "error": error,
+        "state_json": None,
+        "lease_expires_at": None,
+        "finished_at": datetime.datetime.now(datetime.UTC),
+        "stream_ended": False,
+        "stream_repair_after": repair_after,
+    }
+
+
+def finish(
+    run_id: str,
+    status: str,
+    *,
+    outputs: Any,
+    error: str | None,
+    steps: int,
+    expected: str = RUNNING,
+    repair_after: float | None = None,
+) -> bool:
+    """Record the run's outcome; its topic's end is pending until :func:`mark_stream_ended`.
+
+    ``repair_after`` keeps other parties from repairing the end while its writer still retries it.
+    """
     statement = (
         update(WorkflowRun)
         .where(WorkflowRun.id == run_id, WorkflowRun.status == expected)
         .values(
-            status=status,
             outputs_json=None if outputs is None else json.dumps(outputs),
-            error=error,
             total_steps=steps,
-            state_json=None,
-            lease_expires_at=None,
-            finished_at=datetime.datetime.now(datetime.UTC),
+            **_ended(status, error, repair_after),
         )
     )
     return _execute(statement) == 1
@@ -71,13 +133,22 @@ def pause(run_id: str, state: dict[str, Any], steps: int) -> bool:
     return _execute(statement) == 1
 
 
-def resume(run_id: str) -> bool:
+def resume(run_id: str) -> str | None:
+    """Move a paused run back to running with a new queued attempt; return its id, or ``None``."""
+    attempt_id = new_attempt_id()
     statement = (
         update(WorkflowRun)
         .where(WorkflowRun.id == run_id, WorkflowRun.status == PAUSED)
-        .values(status=RUNNING, stop_requested=False, lease_expires_at=None)
+        .values(
+            status=RUNNING,
+            stop_requested=False,
+            lease_expires_at=None,
+            attempt_id=attempt_id,
+            dispatched_at=time.time(),
+            attempt_started_at=None,
+        )
     )
-    return _execute(statement) == 1
+    return attempt_id if _execute(statement) == 1 else None
 
 
 def fail_if_lease_expired(run_id: str, error: str) -> bool:
@@ -90,11 +161,50 @@ def fail_if_lease_expired(run_id: str, error: str) -> bool:
             WorkflowRun.lease_expires_at.is_not(None),
             WorkflowRun.lease_expires_at < now,
         )
-        .values(
-            status=WorkflowRunStatus.FAILED.value,
-            error=error,
-            lease_expires_at=None,
-            finished_at=datetime.datetime.now(datetime.UTC),
-        )
+        .values(**_ended(FAILED, error, None))
     )
     return _execute(statement) == 1
+
+
+def fail_if_not_started(run_id: str, error: str, dispatched_before: float) -> bool:
+    """Fail a run whose current attempt was queued before ``dispatched_before`` and never claimed."""
+    statement = (
+        update(WorkflowRun)
+        .where(
+            WorkflowRun.id == run_id,
+            WorkflowRun.status == RUNNING,
+            WorkflowRun.attempt_started_at.is_(None),
+            WorkflowRun.dispatched_at < dispatched_before,
+        )
+        .values(**_ended(FAILED, error, None))
+    )
+    return _execute(statement) == 1
+
+
+def claim_end_repair(run_id: str, hold: float) -> bool:
+    """Take the right to write a terminal run's pending end for ``hold`` seconds."""
+    now = time.time()
+    statement = (
+        update(WorkflowRun)
+        .where(
+            WorkflowRun.id == run_id,
+            WorkflowRun.status.in_(TERMINAL),
+            WorkflowRun.stream_ended.is_(False),
+            or_(WorkflowRun.stream_repair_after.is_(None), WorkflowRun.stream_repair_after <= now),
+        )
+        .values(stream_repair_after=now + hold)
+    )
+    return _execute(statement) == 1
+
+
+def mark_stream_ended(run_id: str) -> None:
+    _execute(update(WorkflowRun).where(WorkflowRun.id == run_id).values(stream_ended=True, stream_repair_after=None))
+
+
+def release_end_repair(run_id: str) -> None:
+    """Let the next check try again at once after a repair that failed."""
+    _execute(
+        update(WorkflowRun)
+        .where(WorkflowRun.id == run_id, WorkflowRun.stream_ended.is_(False))
+        .values(stream_repair_after=None)
+    )

@@ -1,20 +1,29 @@
-"""Runs one execution attempt of a workflow run inside a Celery worker."""
+"""Runs one execution attempt of a workflow run inside a Celery worker.
+
+Task messages are acknowledged late and may be delivered more than once (a worker killed with
+messages in hand, a Redis broker's visibility timeout). An attempt therefore runs only after the
+worker *claims* it: a conditional row update that exactly one delivery of the current attempt wins.
+Every other delivery raises :class:`AttemptNotClaimedError`, and the task decides what the row
+says about the run (see ``api.services.run_recovery``).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from flask import current_app
 
 from api.configs import AppConfig
+from api.core.durable_stream import DurableStreamError
 from api.core.workflow import Graph, WorkflowEngine
 from api.core.workflow.engine import ResumePoint
 from api.extensions.ext_database import db
 from api.extensions.ext_event_bus import event_transport
-from api.models import App, WorkflowRun, WorkflowRunStatus
+from api.models import App, WorkflowRun
 
 from . import run_store
 from .execution_coordinator import AppExecutionCoordinator, RunIdentity, RunTakenOverError
@@ -23,45 +32,81 @@ from .topics import workflow_run_topic
 
 logger = logging.getLogger(__name__)
 
+#: Seconds past its own retry deadline that a finisher keeps others from repairing the end it writes.
+REPAIR_MARGIN = 5.0
 
-def execute_run(workflow_run_id: str, resume_form: Mapping[str, Any] | None = None) -> str | None:
-    """Run (or resume) the workflow; return the attempt's final status, or ``None`` if it did not run."""
+
+class AttemptNotClaimedError(Exception):
+    """This delivery may not run the attempt: it is stale, a duplicate, or its run is not running."""
+
+
+def execute_run(
+    workflow_run_id: str, attempt_id: str | None = None, resume_form: Mapping[str, Any] | None = None
+) -> str | None:
+    """Claim and run (or resume) the attempt; return its final status, or ``None`` if it stopped early.
+
+    Raises:
+        AttemptNotClaimedError: Another delivery holds (or held) this attempt, or it is not current.
+    """
     config: AppConfig = current_app.config["APP_CONFIG"]
     run = db.session.get(WorkflowRun, workflow_run_id)
     if run is None:
         logger.warning("run %s does not exist", workflow_run_id)
         return None
-    if run.status != WorkflowRunStatus.RUNNING.value:
-        logger.info("run %s is %s; nothing to execute", workflow_run_id, run.status)
-        return None
+    # Messages queued before attempts had ids name none: they stand for the current attempt.
+    attempt_id = attempt_id or run.attempt_id
+    if attempt_id is None or not run_store.claim(workflow_run_id, attempt_id, config.WORKFLOW_LEASE_TTL):
+        db.session.remove()
+        raise AttemptNotClaimedError(f"attempt {attempt_id} of run {workflow_run_id} is not this delivery's to run")
     app = db.session.get(App, run.app_id)
     assert app is not None
-    topic = event_transport().topic(workflow_run_topic(app.mode, run.id))
+    transport = event_transport()
+    topic_name = workflow_run_topic(app.mode, run.id)
     identity = RunIdentity(app.id, run.task_id, run.id, run.created_timestamp)
     graph_definition, inputs, end_user, state_json = app.graph_json, run.inputs, run.end_user, run.state_json
+    epoch_known = run.stream_epoch is not None
     db.session.remove()  # the attempt may take minutes; hold no connection meanwhile
 
     engine: WorkflowEngine | None = None
     steps = 0
 
-    def persist(event: Mapping[str, Any]) -> None:
+    def persist(event: Mapping[str, Any]) -> bool:
         data = event["data"]
         if event["event"] == "workflow_paused":
             assert engine is not None and engine.outcome is not None and engine.outcome.state is not None
-            run_store.pause(workflow_run_id, engine.outcome.state, engine.outcome.steps)
-        else:
-            total = data.get("total_steps") or steps
-            run_store.finish(workflow_run_id, data["status"], outputs=data["outputs"], error=data["error"], steps=total)
+            return run_store.pause(workflow_run_id, engine.outcome.state, engine.outcome.steps)
+        total = data.get("total_steps") or steps
+        return run_store.finish(
+            workflow_run_id,
+            data["status"],
+            outputs=data["outputs"],
+            error=data["error"],
+            steps=total,
+            repair_after=time.time() + config.WORKFLOW_END_RETRY_DEADLINE + REPAIR_MARGIN,
+        )
+
+    def pause_lost(error: str) -> None:
+        run_store.finish(workflow_run_id, "failed", outputs=None, error=error, steps=steps, expected=run_store.PAUSED)
+
+    def record_epoch() -> None:
+        # Readers compare it with the topic they find: another incarnation is not this run's history.
+        info = transport.topic_info(topic_name)
+        if info is not None:
+            run_store.record_stream_epoch(workflow_run_id, info.epoch)
 
     coordinator = AppExecutionCoordinator(
-        topic=topic,
+        transport=transport,
+        topic_name=topic_name,
         run=identity,
         max_execution_time=config.APP_MAX_EXECUTION_TIME,
         stop_requested=lambda: run_store.stop_requested(workflow_run_id),
         on_abort=lambda reason: run_store.request_stop(workflow_run_id),
         before_end=persist,
+        on_stream_ended=lambda: run_store.mark_stream_ended(workflow_run_id),
+        on_pause_lost=pause_lost,
         started_sent=resume_form is not None,
         stop_check_interval=config.WORKFLOW_STOP_CHECK_INTERVAL,
+        end_deadline=config.WORKFLOW_END_RETRY_DEADLINE,
     )
     flask_app = current_app._get_current_object()  # type: ignore[attr-defined]
     with RunLease(flask_app, workflow_run_id, config.WORKFLOW_LEASE_TTL):
@@ -91,9 +136,18 @@ def execute_run(workflow_run_id: str, resume_form: Mapping[str, Any] | None = No
                 if event["event"] == "node_started":
                     steps = coordinator.steps = int(event["data"]["index"])
                 coordinator.publish(event)
+                if not epoch_known and event["event"] == "workflow_started":
+                    epoch_known = True
+                    try:
+                        record_epoch()
+                    except Exception:  # readers then rely on the first-event check alone
+                        logger.exception("could not record the stream epoch of run %s", workflow_run_id)
         except RunTakenOverError:
             logger.warning("run %s was ended by someone else; abandoning this attempt", workflow_run_id)
             return None
+        except DurableStreamError as exc:
+            logger.exception("run %s: the event stream failed", workflow_run_id)
+            error = f"the event stream was unavailable: {exc}"
         except Exception as exc:
             logger.exception("run %s failed", workflow_run_id)
             error = f"internal error: {exc}"

@@ -1,0 +1,95 @@
+"""The reaper: a thread in every Celery worker that ends runs whose owner is gone, and applies retention.
+
+Each sweep (every ``WORKFLOW_REAPER_INTERVAL`` seconds, with jitter so that several workers spread
+out) fails runs whose lease expired or whose queued attempt was never started, and writes the
+pending ends of terminal runs (:func:`api.services.run_recovery.reap`). Every
+``DURABLE_STREAM_RETENTION_INTERVAL`` seconds it also calls the stream store's
+``enforce_retention()``. Sweeps from several workers at once are harmless: every change they make
+is a conditional update that one of them wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+from flask import Flask
+
+from api.configs import AppConfig
+
+logger = logging.getLogger(__name__)
+
+
+class Reaper:
+    def __init__(self, app: Flask) -> None:
+        config: AppConfig = app.config["APP_CONFIG"]
+        self._app = app
+        self._interval = config.WORKFLOW_REAPER_INTERVAL
+        self._retention_interval = config.DURABLE_STREAM_RETENTION_INTERVAL
+        self._durable = config.WORKFLOW_EVENT_TRANSPORT == "durable_stream"
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="workflow-reaper", daemon=True)
+
+    @property
+    def enabled(self) -> bool:
+        return self._interval > 0
+
+    def start(self) -> None:
+        if self.enabled:
+            self._thread.start()
+            logger.info("reaper: sweeping every %g s", self._interval)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        next_retention = time.monotonic() + self._retention_interval
+        while not self._stopped.wait(self._interval * random.uniform(0.8, 1.2)):
+            with self._app.app_context():
+                self._sweep()
+                if self._durable and self._retention_interval > 0 and time.monotonic() >= next_retention:
+                    next_retention = time.monotonic() + self._retention_interval
+                    self._enforce_retention()
+
+    def _sweep(self) -> None:
+        from api.extensions.ext_database import db
+        from api.services.run_recovery import reap
+
+        try:
+            report = reap()
+            if report.lease_expired or report.not_started or report.ends_written:
+                logger.warning("reaper: %s", report)
+        except Exception:  # the database or the stream store is away: try again next time
+            logger.exception("reaper: the sweep failed")
+        finally:
+            db.session.remove()
+
+    def _enforce_retention(self) -> None:
+        from api.extensions.ext_durable_stream import durable_stream
+
+        try:
+            removed = durable_stream().admin.enforce_retention()
+            if removed:
+                logger.info("reaper: retention removed %d record(s)", removed)
+        except Exception:
+            logger.exception("reaper: enforce_retention() failed")
+
+
+def init_worker(app: Flask) -> None:
+    """Run a reaper in this Celery worker process from the moment it is ready until it shuts down."""
+    from celery import signals
+
+    reaper = Reaper(app)
+
+    def started(**_: object) -> None:
+        reaper.start()
+
+    def stopping(**_: object) -> None:
+        reaper.stop()
+
+    signals.worker_ready.connect(started, weak=False)
+    signals.worker_shutting_down.connect(stopping, weak=False)

@@ -1,0 +1,189 @@
+"""Ending runs whose owner is gone: expired leases, attempts never started, and pending ends.
+
+A run must always end, visibly: a terminal row *and* a ``workflow_finished`` record at the end of
+its sealed topic. The worker's attempt normally writes both; when something died on the way, the
+checks here finish the job. They run from several places — the reaper in every Celery worker
+(:mod:`api.extensions.ext_reaper`), the idle check of every SSE reader and blocking request of the
+run, and a task delivery that finds its attempt already claimed — and all of them are idempotent
+and safe to run concurrently: each row change is a conditional update that one caller wins, and a
+topic's end is written by :func:`~api.core.app.apps.run_end.write_end`, which is safe to repeat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from flask import current_app
+from sqlalchemy import and_, or_, select
+
+from api.configs import AppConfig
+from api.core.app.apps import run_store
+from api.core.app.apps.run_end import write_end
+from api.core.app.apps.topics import workflow_run_topic
+from api.core.durable_stream import DurableStreamError
+from api.core.workflow.engine import finished_event
+from api.core.workflow.events import make_event
+from api.extensions.ext_database import db
+from api.extensions.ext_event_bus import event_transport
+from api.models import App, WorkflowRun, WorkflowRunStatus
+
+logger = logging.getLogger(__name__)
+
+LEASE_EXPIRED_ERROR = "the worker executing this run stopped responding (lease expired)"
+#: How long a repair of a run's end may take before another party may try again (seconds).
+REPAIR_HOLD = 30.0
+
+
+@dataclasses.dataclass
+class ReapReport:
+    """What one sweep of the reaper did."""
+
+    lease_expired: int = 0
+    not_started: int = 0
+    ends_written: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"{self.lease_expired} run(s) with an expired lease and {self.not_started} never started "
+            f"ended; {self.ends_written} pending end(s) written"
+        )
+
+
+def _config() -> AppConfig:
+    config: AppConfig = current_app.config["APP_CONFIG"]
+    return config
+
+
+def started_event_of(app: App, run: WorkflowRun) -> dict[str, Any]:
+    """A ``workflow_started`` for a run that ends before its worker sent one."""
+    data = {"id": run.id, "workflow_id": app.id, "inputs": run.inputs, "created_at": int(run.created_timestamp)}
+    return make_event("workflow_started", task_id=run.task_id, workflow_run_id=run.id, data=data)
+
+
+def finished_event_of(run: WorkflowRun) -> dict[str, Any]:
+    """The ``workflow_finished`` that the row of a terminal run describes."""
+    return finished_event(
+        task_id=run.task_id,
+        workflow_run_id=run.id,
+        app_id=run.app_id,
+        status=run.status,
+        outputs=run.outputs,
+        error=run.error,
+        steps=run.total_steps,
+        created_at=run.created_timestamp,
+        finished_at=run.finished_timestamp,
+    )
+
+
+def check_run(app: App, run: WorkflowRun) -> bool:
+    """Every check on one run: fail it if its worker or its start is overdue, and write a pending end.
+
+    Returns whether anything changed. ``run`` is refreshed when its row changed.
+    """
+    failed = check_lease(app, run) or check_start_deadline(app, run)
+    return repair_end(app, run) or failed
+
+
+def check_run_by_id(run_id: str) -> bool:
+    run = db.session.get(WorkflowRun, run_id)
+    if run is None:
+        return False
+    try:
+        return check_run(_app_of(run), run)
+    finally:
+        db.session.commit()
+
+
+def _app_of(run: WorkflowRun) -> App:
+    app = db.session.get(App, run.app_id)
+    assert app is not None
+    return app
+
+
+def check_lease(app: App, run: WorkflowRun) -> bool:
+    """Fail a running run whose worker stopped renewing its lease, and write its end."""
+    if run.status != WorkflowRunStatus.RUNNING.value or run.lease_expires_at is None:
+        return False
+    if run.lease_expires_at >= time.time():
+        return False
+    if not run_store.fail_if_lease_expired(run.id, LEASE_EXPIRED_ERROR):
+        return False
+    logger.warning("run %s: its worker's lease expired; the run failed", run.id)
+    db.session.refresh(run)
+    repair_end(app, run)
+    return True
+
+
+def check_start_deadline(app: App, run: WorkflowRun) -> bool:
+    """Fail a run whose queued attempt no worker claimed in time (a lost or undeliverable task)."""
+    timeout = _config().WORKFLOW_START_TIMEOUT
+    if timeout <= 0 or run.status != WorkflowRunStatus.RUNNING.value or run.attempt_started_at is not None:
+        return False
+    if run.dispatched_at is None or run.dispatched_at >= time.time() - timeout:
+        return False
+    error = f"no worker started the run within {timeout:g} s of queueing it"
+    if not run_store.fail_if_not_started(run.id, error, time.time() - timeout):
+        return False
+    logger.warning("run %s: %s; the run failed", run.id, error)
+    db.session.refresh(run)
+    repair_end(app, run)
+    return True
+
+
+def repair_end(app: App, run: WorkflowRun) -> bool:
+    """Write the end of a terminal run whose topic lacks it. One try; a failure leaves it pending."""
+    if not run.run_status.is_terminal or run.stream_ended:
+        return False
+    if not run_store.claim_end_repair(run.id, REPAIR_HOLD):
+        return False  # its finisher still retries it, or another party repairs it right now
+    try:
+        write_end(
+            event_transport(), workflow_run_topic(app.mode, run.id), finished_event_of(run), started_event_of(app, run)
+        )
+    except DurableStreamError as exc:
+        logger.warning("run %s: its end is still pending: %s", run.id, exc)
+        run_store.release_end_repair(run.id)
+        return False
+    run_store.mark_stream_ended(run.id)
+    db.session.refresh(run)
+    logger.info("run %s: its pending end was written", run.id)
+    return True
+
+
+def reap() -> ReapReport:
+    """One sweep over every run that needs a check (see :func:`check_run`)."""
+    now = time.time()
+    timeout = _config().WORKFLOW_START_TIMEOUT
+    running = WorkflowRun.status == WorkflowRunStatus.RUNNING.value
+    overdue = [
+        and_(running, WorkflowRun.lease_expires_at < now),
+        and_(
+            WorkflowRun.status.in_(run_store.TERMINAL),
+            WorkflowRun.stream_ended.is_(False),
+            or_(WorkflowRun.stream_repair_after.is_(None), WorkflowRun.stream_repair_after <= now),
+        ),
+    ]
+    if timeout > 0:
+        overdue.append(
+            and_(running, WorkflowRun.attempt_started_at.is_(None), WorkflowRun.dispatched_at < now - timeout)
+        )
+    rows = db.session.execute(
+        select(WorkflowRun, App).join(App, App.id == WorkflowRun.app_id).where(or_(*overdue))
+    ).all()
+    report = ReapReport()
+    for run, app in rows:
+        try:
+            if check_lease(app, run):
+                report.lease_expired += 1
+            elif check_start_deadline(app, run):
+                report.not_started += 1
+            elif repair_end(app, run):
+                report.ends_written += 1
+        except Exception:  # one run's trouble must not stop the sweep
+            logger.exception("reaper: could not check run %s", run.id)
+            db.session.rollback()
+    db.session.commit()  # end the read transaction: the next sweep must see fresh rows
+    return report

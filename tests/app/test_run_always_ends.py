@@ -1,0 +1,302 @@
+"""Every accepted run ends, visibly, whatever dies: a terminal row *and* a ``workflow_finished`` at the
+end of its sealed topic. Real Celery workers are killed with SIGKILL, private Redis stream stores are
+killed and restarted, and topics lose their data under running runs."""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from api.core.app.apps.topics import workflow_run_topic
+from api.extensions.ext_database import db
+from api.extensions.ext_durable_stream import durable_stream
+from api.models import WorkflowRun
+from tests.app.conftest import AppHarness
+from tests.app.test_events_sse import events_of, reconnect, stream
+from tests.app.test_service_api import slow_greeting
+from tests.support.processes import Worker
+from tests.support.redis_server import RedisServer
+from tests.support.waiting import wait_until
+
+#: A Redis database of its own, so that the broker's "unacked" bookkeeping can be read exactly.
+KILL_BROKER_URL = "redis://127.0.0.1:6379/2"
+
+
+def row(harness: AppHarness, run_id: str) -> dict[str, Any]:
+    with harness.app.app_context():
+        run = db.session.get(WorkflowRun, run_id)
+        assert run is not None
+        values = {column.name: getattr(run, column.name) for column in WorkflowRun.__table__.columns}
+        db.session.remove()
+        return values
+
+
+def ended(harness: AppHarness, run_id: str) -> bool:
+    values = row(harness, run_id)
+    if values["status"] not in ("succeeded", "failed", "stopped") or not values["stream_ended"]:
+        return False
+    info = harness.topic_info(run_id)
+    return info is not None and info.sealed
+
+
+def assert_ended_visibly(harness: AppHarness, key: str, run_id: str, user: str = "u1") -> list[dict[str, Any]]:
+    """The row is terminal, the sealed topic ends with exactly one matching ``workflow_finished``, and
+    a reader that connects now reads the same history from ``workflow_started`` to that end."""
+    values = row(harness, run_id)
+    assert values["status"] in ("succeeded", "failed", "stopped"), values
+    info = harness.topic_info(run_id)
+    assert info is not None and info.sealed, info
+    events = harness.events(run_id)
+    names = [event["event"] for event in events]
+    assert names[0] == "workflow_started" and names.count("workflow_started") == 1, names
+    assert names[-1] == "workflow_finished" and names.count("workflow_finished") == 1, names
+    assert events[-1]["data"]["status"] == values["status"]
+    read = events_of(stream(reconnect(harness, key, values["task_id"], user)))
+    assert read == events, "a late reader sees exactly the stored history"
+    return events
+
+
+def start_async(harness: AppHarness, key: str, name: str = "x") -> dict[str, str]:
+    response = harness.post(
+        "/v1/workflows/run", key, {"inputs": {"name": name}, "user": "u1", "response_mode": "async"}
+    )
+    assert response.status_code == 202, response.json
+    return dict(response.json)
+
+
+def has_text(harness: AppHarness, run_id: str) -> bool:
+    return any(event["event"] == "text_chunk" for event in harness.events(run_id))
+
+
+@pytest.fixture
+def workers() -> Iterator[Callable[[AppHarness, int], Worker]]:
+    started: list[Worker] = []
+
+    def start(harness: AppHarness, concurrency: int = 2) -> Worker:
+        log = pathlib.Path(harness.env["VAR_DIR"]) / f"worker-{uuid.uuid4().hex[:6]}.log"
+        worker = Worker(harness.env, log, concurrency)
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.mark.parametrize("broker", ["redis", "filesystem"])
+def test_started_and_prefetched_runs_of_a_killed_worker_all_end(
+    make_harness: Callable[..., AppHarness], workers: Callable[[AppHarness, int], Worker], broker: str
+) -> None:
+    harness = make_harness(
+        start_worker=False,
+        CELERY_BROKER_URL=KILL_BROKER_URL if broker == "redis" else "filesystem://",
+        CELERY_PREFETCH_MULTIPLIER=4,  # a deployment that lets workers hold messages they have not started
+        CELERY_VISIBILITY_TIMEOUT=3,
+        WORKFLOW_LEASE_TTL=2,
+        WORKFLOW_REAPER_INTERVAL=0.5,
+        WORKFLOW_START_TIMEOUT=8 if broker == "filesystem" else 120,
+    )
+    key = harness.create_app(slow_greeting(delay=0.02, tokens=250))["api_key"]
+    doomed = workers(harness, 1)
+    runs = [start_async(harness, key, f"r{index}") for index in range(3)]
+    started, *prefetched = (run["workflow_run_id"] for run in runs)
+    wait_until(lambda: has_text(harness, started), 30, "the first run to stream")
+
+    # The other two are in the worker's hands but not started: prefetched.
+    if broker == "redis":
+        client = redis.Redis.from_url(KILL_BROKER_URL)
+        wait_until(lambda: client.hlen("unacked") >= 2, 10, "the prefetched messages, unacknowledged")
+    else:
+        queue = pathlib.Path(harness.env["VAR_DIR"]) / "broker" / "queue"
+        wait_until(lambda: not list(queue.glob("*.msg")), 10, "the worker to take every message")
+    assert all(row(harness, run_id)["attempt_started_at"] is None for run_id in prefetched)
+
+    doomed.kill()
+    killed_at = time.monotonic()
+    survivor = workers(harness, 2)
+    for run_id in (started, *prefetched):
+        wait_until(lambda run_id=run_id: ended(harness, run_id), 60, f"run {run_id} to end")  # type: ignore[misc]
+    elapsed = time.monotonic() - killed_at
+
+    events = assert_ended_visibly(harness, key, started)
+    assert events[-1]["data"]["status"] == "failed" and "lease expired" in events[-1]["data"]["error"]
+    for run_id in prefetched:
+        events = assert_ended_visibly(harness, key, run_id)
+        if broker == "redis":  # given back by the broker and run by the survivor
+            assert events[-1]["data"]["status"] == "succeeded"
+        else:  # the filesystem broker deleted them when the dead worker fetched them
+            assert events[-1]["data"]["status"] == "failed"
+            assert "no worker started the run" in events[-1]["data"]["error"]
+    assert elapsed < 45
+    if broker == "filesystem":
+        assert "reaper:" in survivor.log_path.read_text(), "the survivor's reaper ended them"
+
+
+def test_a_blocking_request_learns_that_the_worker_died(make_harness: Callable[..., AppHarness]) -> None:
+    harness = make_harness(WORKFLOW_LEASE_TTL=2, WORKFLOW_REAPER_INTERVAL=0, BLOCKING_RESPONSE_TIMEOUT=60)
+    key = harness.create_app(slow_greeting(delay=0.05, tokens=2000))["api_key"]
+    answer: dict[str, Any] = {}
+
+    def blocking() -> None:
+        response = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Bo"}, "user": "u1"})
+        answer.update(status=response.status_code, body=response.json, at=time.monotonic())
+
+    thread = threading.Thread(target=blocking)
+    thread.start()
+
+    def running_run() -> str | None:
+        with harness.app.app_context():
+            run = db.session.query(WorkflowRun).one_or_none()
+            db.session.remove()
+            return run.id if run is not None and has_text(harness, run.id) else None
+
+    run_id = wait_until(running_run, 30, "the blocking run to stream")
+    assert harness.worker is not None
+    harness.worker.kill()
+    killed_at = time.monotonic()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the blocking request was still waiting 30 s after its worker died"
+    assert answer["status"] == 200 and answer["body"]["data"]["status"] == "failed"
+    assert answer["at"] - killed_at < 2 + 5, "lease TTL + a check interval + slack"
+    assert_ended_visibly(harness, key, run_id)
+
+
+@pytest.mark.parametrize("persistence", ["aof", "none"])
+def test_the_end_survives_a_stream_store_restart(make_harness: Callable[..., AppHarness], persistence: str) -> None:
+    with RedisServer(appendonly=persistence == "aof") as store:
+        harness = make_harness(DURABLE_STREAM_URL=f"{store.url}?key_prefix=end:", WORKFLOW_END_RETRY_DEADLINE=30)
+        key = harness.create_app(slow_greeting(delay=0.02, tokens=400))["api_key"]
+        run = start_async(harness, key)
+        run_id = run["workflow_run_id"]
+        wait_until(lambda: has_text(harness, run_id), 30, "the run to stream")
+        token_before = first_token(harness, key, run["task_id"])
+        store.kill()
+        time.sleep(1.0)  # the outage itself
+        store.start()
+        wait_until(lambda: ended(harness, run_id), 40, "the run to end")
+
+        values = row(harness, run_id)
+        assert values["status"] == "failed" and "event stream was unavailable" in values["error"]
+        if persistence == "aof":
+            events = assert_ended_visibly(harness, key, run_id)
+            resumed = events_of(stream(reconnect(harness, key, run["task_id"], "u1", last_event_id=token_before)))
+            assert resumed == events[1:], "a resume from before the outage continues with nothing lost"
+        else:  # the store lost the run's start: the end went to a new incarnation of the topic
+            assert [e["event"] for e in harness.events(run_id)] == ["workflow_finished"]
+            assert harness.topic_info(run_id).sealed
+            assert_gone(reconnect(harness, key, run["task_id"], "u1"), "run_events_lost", run_id)
+            expired = reconnect(harness, key, run["task_id"], "u1", last_event_id=token_before)
+            assert_gone(expired, "resume_cursor_expired", run_id)
+
+
+def test_an_end_still_pending_after_the_deadline_is_repaired(make_harness: Callable[..., AppHarness]) -> None:
+    with RedisServer(appendonly=True) as store:
+        harness = make_harness(
+            DURABLE_STREAM_URL=f"{store.url}?key_prefix=pending:",
+            WORKFLOW_END_RETRY_DEADLINE=1,
+            WORKFLOW_REAPER_INTERVAL=0.5,
+        )
+        key = harness.create_app(slow_greeting(delay=0.02, tokens=400))["api_key"]
+        run_id = start_async(harness, key)["workflow_run_id"]
+        wait_until(lambda: has_text(harness, run_id), 30, "the run to stream")
+        store.kill()
+        wait_until(lambda: row(harness, run_id)["status"] == "failed", 20, "the worker to record the failure")
+        assert not row(harness, run_id)["stream_ended"], "the end is pending while the store is away"
+        time.sleep(2.0)  # the store stays away past the worker's retry deadline
+        store.start()
+        wait_until(lambda: ended(harness, run_id), 30, "the reaper to write the pending end")
+        assert_ended_visibly(harness, key, run_id)
+
+
+def first_token(harness: AppHarness, key: str, task_id: str) -> str:
+    for message in stream(reconnect(harness, key, task_id, "u1"), limit=3):
+        if message.id:
+            return message.id
+    raise AssertionError("no event with a token")
+
+
+def assert_gone(response: Any, code: str, run_id: str) -> None:
+    assert response.status_code == 410, response.get_data(as_text=True)
+    body = response.json
+    assert body["code"] == code and body["status"] == 410
+    assert body["run"]["id"] == run_id, "a 410 carries the run row"
+
+
+def test_a_topic_that_lost_its_data_is_never_shown_as_a_run(harness: AppHarness) -> None:
+    key = harness.create_app(slow_greeting(delay=0.01, tokens=300))["api_key"]
+    run = start_async(harness, key)
+    run_id = run["workflow_run_id"]
+    wait_until(lambda: has_text(harness, run_id), 30, "the run to stream")
+    token_before = first_token(harness, key, run["task_id"])
+    with harness.app.app_context():  # as a store without persistence that restarted
+        durable_stream().admin.delete_topic(workflow_run_topic("workflow", run_id))
+    wait_until(lambda: harness.events(run_id), 10, "the worker to append to the new incarnation")
+    assert harness.events(run_id)[0]["event"] != "workflow_started"
+
+    assert_gone(reconnect(harness, key, run["task_id"], "u1"), "run_events_lost", run_id)
+    wait_until(lambda: ended(harness, run_id), 30, "the run to end")
+    assert_gone(reconnect(harness, key, run["task_id"], "u1"), "run_events_lost", run_id)
+    assert_gone(
+        reconnect(harness, key, run["task_id"], "u1", last_event_id=token_before), "resume_cursor_expired", run_id
+    )
+
+
+def test_a_run_whose_start_was_trimmed_is_410_not_a_partial_run(harness: AppHarness) -> None:
+    key = harness.create_app("greeting")["api_key"]
+    body = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Ed"}, "user": "u1"}).json
+    with harness.app.app_context():
+        durable_stream().admin.trim_topic(workflow_run_topic("workflow", body["workflow_run_id"]), keep_last=3)
+    assert_gone(reconnect(harness, key, body["task_id"], "u1"), "run_events_lost", body["workflow_run_id"])
+
+
+def test_a_streaming_client_that_drops_before_any_event_can_reconnect(harness: AppHarness) -> None:
+    key = harness.create_app(slow_greeting(delay=0.005, tokens=100))["api_key"]
+    response = harness.client.post(
+        "/v1/workflows/run",
+        json={"inputs": {"name": "Fi"}, "user": "u1", "response_mode": "streaming"},
+        headers={"Authorization": f"Bearer {key}"},
+        buffered=False,
+    )
+    task_id, run_id = response.headers["X-Task-Id"], response.headers["X-Workflow-Run-Id"]
+    (created,) = stream(response, limit=1)  # then the client is gone
+    assert created.event == "run_created" and created.json["task_id"] == task_id
+    assert created.json["workflow_run_id"] == run_id
+    events = events_of(stream(reconnect(harness, key, task_id, "u1")))
+    assert events[0]["event"] == "workflow_started" and events[-1]["event"] == "workflow_finished"
+    assert events == harness.events(run_id)
+
+
+def test_duplicate_and_stale_deliveries_run_nothing(harness: AppHarness) -> None:
+    key = harness.create_app("greeting")["api_key"]
+    paused = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Gil", "mood": "formal"}, "user": "u1"}).json
+    run_id = paused["workflow_run_id"]
+    first_attempt = row(harness, run_id)["attempt_id"]
+    ok = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u1", "inputs": {"approved": True}})
+    assert ok.status_code == 200
+    wait_until(lambda: ended(harness, run_id), 30, "the resumed run to end")
+    events = harness.events(run_id)
+    second_attempt = row(harness, run_id)["attempt_id"]
+    assert second_attempt != first_attempt
+
+    celery_app = harness.app.extensions["celery"]
+    queue = harness.env["CELERY_QUEUE"]
+    assert harness.worker is not None
+    log = harness.worker.log_path
+    seen = log.read_text().count("not this delivery's to run")
+    celery_app.send_task(
+        "workflow_based_app_execution_task", args=[run_id], kwargs={"attempt_id": first_attempt}, queue=queue
+    )
+    celery_app.send_task(
+        "resume_app_execution", args=[run_id, {"approved": False}], kwargs={"attempt_id": second_attempt}, queue=queue
+    )
+    wait_until(lambda: log.read_text().count("not this delivery's to run") >= seen + 2, 20, "both deliveries")
+    assert harness.events(run_id) == events, "a stale or duplicate delivery appended nothing"
+    assert row(harness, run_id)["status"] == "succeeded"
