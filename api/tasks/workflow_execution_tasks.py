@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from celery import shared_task
+from sqlalchemy.exc import OperationalError
 
 from api.core.app.apps.workflow_app_runner import AttemptNotClaimedError, execute_run
 from api.services import run_recovery
@@ -28,12 +29,23 @@ def _execute(workflow_run_id: str, attempt_id: str | None, form: dict[str, Any] 
         return None
 
 
-@shared_task(name="workflow_based_app_execution_task", ignore_result=True)
+#: The database being away when a delivery starts is retried (a new message, with backoff), rather
+#: than acknowledged as done: the attempt has not been claimed yet.
+RETRY_WHEN_DATABASE_IS_AWAY: dict[str, Any] = {
+    "autoretry_for": (OperationalError,),
+    "retry_backoff": 1,
+    "retry_backoff_max": 30,
+    "retry_jitter": True,
+    "max_retries": 20,
+}
+
+
+@shared_task(name="workflow_based_app_execution_task", ignore_result=True, **RETRY_WHEN_DATABASE_IS_AWAY)
 def workflow_based_app_execution_task(workflow_run_id: str, attempt_id: str | None = None) -> str | None:
     return _execute(workflow_run_id, attempt_id)
 
 
-@shared_task(name="resume_app_execution", ignore_result=True)
+@shared_task(name="resume_app_execution", ignore_result=True, **RETRY_WHEN_DATABASE_IS_AWAY)
 def resume_app_execution(workflow_run_id: str, form: dict[str, Any], attempt_id: str | None = None) -> str | None:
     return _execute(workflow_run_id, attempt_id, form)
 

@@ -21,6 +21,7 @@ from api.models import WorkflowRun
 from tests.app.conftest import AppHarness
 from tests.app.test_events_sse import events_of, reconnect, stream
 from tests.app.test_service_api import slow_greeting
+from tests.support.postgres_server import PostgresServer
 from tests.support.processes import Worker
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
@@ -300,3 +301,38 @@ def test_duplicate_and_stale_deliveries_run_nothing(harness: AppHarness) -> None
     wait_until(lambda: log.read_text().count("not this delivery's to run") >= seen + 2, 20, "both deliveries")
     assert harness.events(run_id) == events, "a stale or duplicate delivery appended nothing"
     assert row(harness, run_id)["status"] == "succeeded"
+
+
+def test_runs_survive_an_app_database_restart(make_harness: Callable[..., AppHarness]) -> None:
+    from api.models import App
+    from api.services import workflow_run_service
+
+    with PostgresServer() as database:
+        url = database.url.replace("postgresql://", "postgresql+psycopg://", 1)
+        harness = make_harness(start_worker=False, SQLALCHEMY_DATABASE_URI=url, WORKFLOW_END_RETRY_DEADLINE=60)
+        created = harness.create_app(slow_greeting(delay=0.02, tokens=100))
+        worker = Worker(harness.env, pathlib.Path(harness.env["VAR_DIR"]) / "worker.log", concurrency=2)
+        try:
+            worker.wait_ready()
+            streaming = start_async(harness, created["api_key"], "a")["workflow_run_id"]
+            with harness.app.app_context():  # a run created now and queued while the database is away
+                app_row = db.session.get(App, created["app_id"])
+                queued = workflow_run_service.create_run(app_row, {"name": "b"}, "u1")
+                db.session.refresh(queued)
+                db.session.expunge(queued)
+            wait_until(lambda: has_text(harness, streaming), 30, "the first run to stream")
+            database.kill()
+            with harness.app.app_context():
+                workflow_run_service.dispatch(queued)
+            log = worker.log_path
+            # The first run reaches its end, whose row write waits (the row comes first); the
+            # second delivery cannot claim its attempt and is retried.
+            wait_until(lambda: "could not record the end of run" in log.read_text(), 30, "the end to wait")
+            wait_until(lambda: "retry: Retry in" in log.read_text(), 30, "the second delivery to be retried")
+            database.start()
+            for run_id in (streaming, queued.id):
+                wait_until(lambda run_id=run_id: ended(harness, run_id), 60, f"run {run_id} to end")  # type: ignore[misc]
+                events = assert_ended_visibly(harness, created["api_key"], run_id)
+                assert events[-1]["data"]["status"] == "succeeded", events[-1]
+        finally:
+            worker.stop()

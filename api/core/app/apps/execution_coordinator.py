@@ -126,7 +126,12 @@ class AppExecutionCoordinator:
             now = time.monotonic()
             if now - self._last_stop_check >= self._stop_check_interval:
                 self._last_stop_check = now
-                if self._stop_requested():
+                try:
+                    stop = self._stop_requested()
+                except Exception:  # the database is away: a stop request waits until it is back
+                    logger.warning("run %s: could not read the stop flag", self.run.workflow_run_id)
+                    stop = False
+                if stop:
                     self.request_abort("stopped by user")
         return self._abort_reason
 
