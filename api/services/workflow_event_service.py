@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Generator, Iterator
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from flask import current_app
 
 from api.configs import AppConfig
-from api.core.app.apps.event_transport import EventSubscription, StreamMessage
+from api.core.app.apps.event_transport import EventSubscription, StreamMessage, WorkflowEventTransport
 from api.core.app.apps.message_generator import (
     IncompleteRunError,
     MessageGenerator,
@@ -28,6 +29,8 @@ from api.models import App, WorkflowRun
 from . import run_recovery
 from . import workflow_run_service as runs
 from .errors import GoneError, InvalidParamError, ServiceUnavailableError
+
+logger = logging.getLogger(__name__)
 
 CURSOR_EXPIRED_MESSAGE = (
     "the run's events after this point are no longer retained; reload the run (GET /workflows/run/<id>)"
@@ -59,10 +62,11 @@ def run_streaming(app: App, run: WorkflowRun) -> Iterator[str]:
     The first message names the task and run (``event: run_created``), so a client that drops
     before the first event can still reconnect.
     """
-    subscription = event_transport().subscribe_live(runs.topic_name(app, run))
     try:
+        subscription = event_transport().subscribe_live(runs.topic_name(app, run))
         subscription.__enter__()
     except DurableStreamError as exc:
+        runs.abandon(run, f"the event stream was unavailable: {exc}")
         raise ServiceUnavailableError(f"the event stream is unavailable: {exc}") from exc
     try:
         runs.dispatch(run)
@@ -94,6 +98,7 @@ def reconnect(app: App, run: WorkflowRun, *, last_event_id: str | None, continue
             ``run_events_lost``: without a token, the retained events are not the run's whole
             history (its start was removed, or the topic is another incarnation than the run's).
             Both carry the run row.
+        ServiceUnavailableError: (503, ``stream_unavailable``) the stream store cannot be reached.
     """
     transport = event_transport()
     name = runs.topic_name(app, run)
@@ -103,6 +108,32 @@ def reconnect(app: App, run: WorkflowRun, *, last_event_id: str | None, continue
             cursor = TopicCursor(_codec().open(last_event_id, topic=name, app_id=app.id, end_user=run.end_user))
         except InvalidResumeTokenError as exc:
             raise InvalidParamError(str(exc), code="invalid_resume_token") from exc
+    try:
+        return _open(app, run, transport, name, cursor, continue_on_pause=continue_on_pause)
+    except CursorUnavailableError as exc:
+        raise _gone(run, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE) from exc
+    except IncompleteRunError as exc:
+        raise _gone(run, "run_events_lost", EVENTS_LOST_MESSAGE) from exc
+    except DurableStreamError as exc:
+        raise ServiceUnavailableError(f"the event stream is unavailable: {exc}") from exc
+
+
+def _open(
+    app: App,
+    run: WorkflowRun,
+    transport: WorkflowEventTransport,
+    name: str,
+    cursor: TopicCursor | None,
+    *,
+    continue_on_pause: bool,
+) -> Iterator[str]:
+    """Subscribe where the reader starts and check what it will see, before the response begins.
+
+    Raises:
+        CursorUnavailableError: The cursor's position is gone.
+        IncompleteRunError: Without a cursor, the retained events are not the run's whole history.
+        DurableStreamError: The stream store failed.
+    """
     if run.run_status.is_terminal and cursor is None:
         info = transport.topic_info(name)
         if info is None or info.length == 0:
@@ -120,15 +151,9 @@ def reconnect(app: App, run: WorkflowRun, *, last_event_id: str | None, continue
             first = subscription.receive(timeout=0)
             if isinstance(first, StreamMessage) and _event_name(first) != "workflow_started":
                 raise IncompleteRunError(f"the retained events of run {run.id} do not begin with its start")
-    except CursorUnavailableError as exc:
+    except BaseException:
         subscription.close()
-        raise _gone(run, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE) from exc
-    except IncompleteRunError as exc:
-        subscription.close()
-        raise _gone(run, "run_events_lost", EVENTS_LOST_MESSAGE) from exc
-    except DurableStreamError as exc:
-        subscription.close()
-        raise ServiceUnavailableError(f"the event stream is unavailable: {exc}") from exc
+        raise
     from_start = transport.resumable and cursor is None and first is None
     return _sse(
         app,
@@ -228,6 +253,14 @@ class _RunCheck:
         if now - self._last < self._interval:
             return None
         self._last = now
+        try:
+            return self._check(now)
+        except Exception:  # the database is away: the stream goes on, and the next check tries again
+            logger.warning("could not check run %s while streaming it", self._run_id, exc_info=True)
+            db.session.rollback()
+            return None
+
+    def _check(self, now: float) -> dict[str, Any] | None:
         run = db.session.get(WorkflowRun, self._run_id)
         app = db.session.get(App, self._app_id)
         if run is None or app is None:

@@ -83,16 +83,20 @@ def dispatch(run: WorkflowRun, resume_form: Mapping[str, Any] | None = None) -> 
         else:
             celery_app.send_task("resume_app_execution", args=[run.id, dict(resume_form)], kwargs=attempt, queue=queue)
     except Exception as exc:  # the broker is the only thing that can fail here
-        if run_store.finish(run.id, "failed", outputs=None, error="could not dispatch the run", steps=run.total_steps):
-            db.session.refresh(run)
-            run_recovery.repair_end(_app_of(run), run)
+        abandon(run, "could not dispatch the run")
         raise ServiceUnavailableError("the task queue is unavailable", code="queue_unavailable") from exc
 
 
-def _app_of(run: WorkflowRun) -> App:
-    app = db.session.get(App, run.app_id)
-    assert app is not None
-    return app
+def abandon(run: WorkflowRun, error: str) -> None:
+    """Fail a run that could not be started (its request answers 503), and end its topic if possible.
+
+    If the stream store is away, the end stays pending and the reaper writes it later.
+    """
+    if run_store.finish(run.id, "failed", outputs=None, error=error, steps=run.total_steps):
+        db.session.refresh(run)
+        app = db.session.get(App, run.app_id)
+        assert app is not None
+        run_recovery.repair_end(app, run)
 
 
 def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
@@ -106,10 +110,12 @@ def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
     deadline = time.monotonic() + config.BLOCKING_RESPONSE_TIMEOUT
     check_every = max(0.5, config.WORKFLOW_LEASE_TTL / 3)
     next_check = time.monotonic() + check_every
+    dispatched = False
     try:
         # Subscribe before dispatching: the run cannot get ahead of the reader.
         with event_transport().subscribe_live(topic_name(app, run)) as subscription:
             dispatch(run)
+            dispatched = True
             while (remaining := deadline - time.monotonic()) > 0:
                 record = subscription.receive(timeout=min(remaining, 1.0))
                 if record is CLOSED:
@@ -129,7 +135,14 @@ def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
             else:
                 raise RunWaitTimeoutError("the run did not finish in time; it goes on in the background")
     except DurableStreamError as exc:
-        raise ServiceUnavailableError(f"the event stream is unavailable: {exc}") from exc
+        if not dispatched:
+            abandon(run, f"the event stream was unavailable: {exc}")
+            raise ServiceUnavailableError(f"the event stream is unavailable: {exc}") from exc
+        # The run goes on in its worker: name it, so that the client can follow it up.
+        raise ServiceUnavailableError(
+            f"the event stream became unavailable while waiting for the run: {exc}",
+            details={"task_id": run.task_id, "workflow_run_id": run.id},
+        ) from exc
     db.session.refresh(run)
     return blocking_response(run)
 

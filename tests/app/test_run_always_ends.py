@@ -336,3 +336,36 @@ def test_runs_survive_an_app_database_restart(make_harness: Callable[..., AppHar
                 assert events[-1]["data"]["status"] == "succeeded", events[-1]
         finally:
             worker.stop()
+
+
+def test_a_stream_store_that_is_down_answers_503_and_the_run_still_ends(
+    make_harness: Callable[..., AppHarness],
+) -> None:
+    with RedisServer() as store:
+        harness = make_harness(
+            DURABLE_STREAM_URL=f"{store.url}?key_prefix=down:",
+            WORKFLOW_END_RETRY_DEADLINE=1,
+            WORKFLOW_REAPER_INTERVAL=0.5,
+        )
+        key = harness.create_app("greeting")["api_key"]
+        finished = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Al"}, "user": "u1"}).json
+        store.kill()
+        body = {"inputs": {"name": "Al"}, "user": "u1"}
+        for mode in ("streaming", "blocking"):
+            response = harness.post("/v1/workflows/run", key, {**body, "response_mode": mode})
+            assert response.status_code == 503 and response.json["code"] == "stream_unavailable", response.json
+        refused = reconnect(harness, key, finished["task_id"], "u1")
+        assert refused.status_code == 503 and refused.json["code"] == "stream_unavailable"
+        accepted = harness.post("/v1/workflows/run", key, {**body, "response_mode": "async"})
+        assert accepted.status_code == 202  # queued; its worker cannot write its events
+        run_id = accepted.json["workflow_run_id"]
+        wait_until(lambda: row(harness, run_id)["status"] == "failed", 30, "the worker to give up on the run")
+        with harness.app.app_context():
+            refused_runs = db.session.query(WorkflowRun).filter(WorkflowRun.id != run_id).all()
+            statuses = sorted(run.status for run in refused_runs)
+            db.session.remove()
+        assert statuses == ["failed", "failed", "succeeded"], "the two refused runs do not stay 'running'"
+        store.start()
+        wait_until(lambda: ended(harness, run_id), 30, "the reaper to write the pending end")
+        events = assert_ended_visibly(harness, key, run_id)
+        assert "event stream was unavailable" in events[-1]["data"]["error"]

@@ -144,14 +144,14 @@ class AppExecutionCoordinator:
                 attempt with :meth:`finish`.
         """
         name = event["event"]
-        if name == "workflow_started":
-            self._started_sent = True
         if name == "workflow_finished":
             self._end(event)
         elif name == "workflow_paused":
             self._pause(event)
         else:
             self._append(event)
+            if name == "workflow_started":  # only once it is stored: else the failed end supplies one
+                self._started_sent = True
 
     def finish(self, error: str | None = None) -> bool:
         """End the attempt; if it neither paused nor finished, publish a failed end. Returns whether it did."""
