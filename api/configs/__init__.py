@@ -39,6 +39,14 @@ class AppConfig(BaseSettings):
     WORKFLOW_STOP_CHECK_INTERVAL: float = Field(default=1.0, description="Seconds the stop flag may be cached.")
     BLOCKING_RESPONSE_TIMEOUT: float = Field(default=600, description="Longest wait of a blocking run request.")
 
+    MAX_REQUEST_BODY_BYTES: int = Field(
+        default=1 << 20, ge=1, description="Largest request body accepted, chunked or not (413 beyond)."
+    )
+    # Capped far below Python's recursion limit: the parser recurses once per level, also in greenlets.
+    MAX_JSON_DEPTH: int = Field(
+        default=32, ge=1, le=200, description="Deepest nesting of arrays and objects in a JSON body (400 beyond)."
+    )
+
     WORKFLOW_EVENT_TRANSPORT: Literal["durable_stream", "broadcast_channel"] = Field(
         default="durable_stream",
         validation_alias=AliasChoices("WORKFLOW_EVENT_TRANSPORT", "EVENT_BUS_TRANSPORT"),
