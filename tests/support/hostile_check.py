@@ -10,20 +10,25 @@ from concurrent.futures import ThreadPoolExecutor
 from tests.support.hostile import Case
 from tests.support.http_transport import Answer
 
-__all__ = ["SERVER_REFUSED", "Report", "run_cases", "verdict"]
+__all__ = ["NO_ANSWER", "Report", "run_cases", "status_label", "verdict"]
 
-#: The label of a 400 a real HTTP server gave itself (not JSON): control characters in a header.
-SERVER_REFUSED = "400 (server)"
+#: How a real HTTP server refuses a request before the app sees it (not with our JSON): a bad header
+#: (400), a request line or header too long (414, 431).
+_SERVER_STATUSES = frozenset({400, 414, 431})
+#: The status recorded when sending a case raised instead of getting an answer.
+NO_ANSWER = 0
 
 
 def verdict(case: Case, answer: Answer) -> str | None:
     """``None`` when the answer is right, else what is wrong with it."""
+    if answer.status == NO_ANSWER:
+        return "no answer"
     if answer.status >= 500:
         return "5xx"
     if 200 <= answer.status < 300 and not case.expect.accept:
         return "wrongly accepted"
     if answer.status >= 400 and answer.error_code is None:
-        if answer.status == 400 and case.server_may_refuse:
+        if answer.status in _SERVER_STATUSES and case.server_may_refuse:
             return None
         return f"{answer.status} without a JSON error body"
     if answer.status not in case.expect.statuses:
@@ -33,9 +38,11 @@ def verdict(case: Case, answer: Answer) -> str | None:
     return None
 
 
-def status_label(answer: Answer) -> str:
-    if answer.status >= 400 and answer.error_code is None and answer.status == 400:
-        return SERVER_REFUSED
+def status_label(case: Case, answer: Answer) -> str:
+    if answer.status == NO_ANSWER:
+        return "no answer"
+    if answer.status >= 400 and answer.error_code is None:
+        return f"{answer.status} (server)" if case.server_may_refuse else f"{answer.status} (not JSON)"
     return str(answer.status)
 
 
@@ -51,7 +58,7 @@ class Report:
     answers: dict[int, tuple[str, int, str | None]] = dataclasses.field(default_factory=dict)
 
     def add(self, case: Case, answer: Answer) -> None:
-        self.counts[case.kind, status_label(answer)] += 1
+        self.counts[case.kind, status_label(case, answer)] += 1
         self.answers[case.index] = (case.kind, answer.status, answer.error_code)
         problem = verdict(case, answer)
         if problem is not None:
@@ -83,7 +90,9 @@ class Report:
     def markdown(self) -> str:
         """Counts per case kind and answer status, then 5xx, wrongly accepted and other problems per kind."""
         kinds = sorted({kind for kind, _ in self.counts})
-        statuses = sorted({status for _, status in self.counts}, key=lambda s: (int(s[:3]), s))
+        statuses = sorted(
+            {status for _, status in self.counts}, key=lambda s: (int(s[:3]) if s[:3].isdigit() else 0, s)
+        )
         per_kind = collections.Counter(case.kind for case, _, _ in self.problems)
         fives = collections.Counter(case.kind for case, _, p in self.problems if p == "5xx")
         accepted = collections.Counter(case.kind for case, _, p in self.problems if p == "wrongly accepted")
@@ -105,8 +114,14 @@ class Report:
 def run_cases(cases: Sequence[Case], send: Callable[[Case], Answer], report: Report, *, clients: int = 1) -> Report:
     """Send every case (from ``clients`` threads) and add each answer to ``report``."""
 
+    def answer(case: Case) -> Answer:
+        try:
+            return send(case)
+        except Exception as exc:  # one broken exchange must not cost the other answers of a long run
+            return Answer(NO_ANSWER, {"error": repr(exc)})
+
     def answered(batch: Iterable[Case]) -> list[tuple[Case, Answer]]:
-        return [(case, send(case)) for case in batch]
+        return [(case, answer(case)) for case in batch]
 
     if clients == 1:
         results = answered(cases)
