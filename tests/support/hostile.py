@@ -150,6 +150,13 @@ def _unb64(token: str) -> bytes:
     return base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
 
 
+def _index(rng: random.Random, low: int, high: int) -> int:
+    """A position in ``[low, high]`` from exactly one draw, whatever the range: genuine material differs
+    in length between servers (a passport's compressed payload), and ``randint`` would then consume a
+    different number of draws, so later choices, and the two servers' case lists, would diverge."""
+    return low + int(rng.random() * (high - low + 1))
+
+
 def _random_text(rng: random.Random, alphabet: str, low: int, high: int) -> str:
     return "".join(rng.choices(alphabet, k=rng.randint(low, high)))
 
@@ -202,25 +209,25 @@ def _token_genuine(target: Target, rng: random.Random) -> _Built:
 
 
 def _truncated(token: str, rng: random.Random) -> str:
-    return token[: rng.randint(1, len(token) - 1)]
+    return token[: _index(rng, 1, len(token) - 1)]
 
 
 def _bit_flipped(token: str, rng: random.Random) -> str:
     raw = bytearray(_unb64(token))
     for _ in range(rng.randint(1, 3)):
-        raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
+        raw[_index(rng, 0, len(raw) - 1)] ^= 1 << rng.randrange(8)
     flipped = _b64(bytes(raw))
     return flipped if flipped != token else _b64(bytes(raw) + b"\0")
 
 
 def _char_swapped(token: str, rng: random.Random) -> str:
-    index = rng.randrange(len(token))
+    index = _index(rng, 0, len(token) - 1)
     return token[:index] + rng.choice(_B64URL.replace(token[index], "")) + token[index + 1 :]
 
 
 def _inserted(token: str, rng: random.Random) -> str:
     piece = rng.choice([".", "....", " ", "\n", "\t", "=", "%", "+", "/", "\x00", "é", "\u200b", "-_"])
-    index = rng.randint(1, len(token) - 1)
+    index = _index(rng, 1, len(token) - 1)
     return token[:index] + piece + token[index:]
 
 
@@ -240,12 +247,12 @@ def _trailing_bits(token: str, rng: random.Random) -> str:
     if spare_bits is None:
         return _padded(token, rng)
     last = _B64URL.index(token[-1])
-    return token[:-1] + _B64URL[last | rng.randint(1, (1 << spare_bits) - 1)]
+    return token[:-1] + _B64URL[last | _index(rng, 1, (1 << spare_bits) - 1)]
 
 
 def _case_flipped(token: str, rng: random.Random) -> str:
     letters = [i for i, c in enumerate(token) if c.isalpha()]
-    index = rng.choice(letters)
+    index = letters[_index(rng, 0, len(letters) - 1)]
     return token[:index] + token[index].swapcase() + token[index + 1 :]
 
 
@@ -342,7 +349,7 @@ def _unstorable_user(target: Target, rng: random.Random, *, surrogates: bool = T
     """The genuine user with a control character or (in JSON, where an escape can carry one) a lone surrogate."""
     controls = ["\x00", "\x01", "\x07", "\t", "\n", "\x1f", "\x7f", "\x85", "\x9f"]
     bad = rng.choice(controls + (["\ud800", "\udfff"] if surrogates else []))
-    index = rng.randint(0, len(target.user))
+    index = _index(rng, 0, len(target.user))
     return target.user[:index] + bad + target.user[index:]
 
 
@@ -377,7 +384,7 @@ def _body_odd_inputs(target: Target, rng: random.Random) -> _Built:
 
 def _body_not_json(target: Target, rng: random.Random) -> _Built:
     valid = json.dumps(_run_body(target)).encode()
-    cut = rng.randint(1, len(valid) - 1)
+    cut = _index(rng, 1, len(valid) - 1)
     body = rng.choice(
         [
             valid[:cut],  # truncated
@@ -461,7 +468,7 @@ def _web_run(target: Target, rng: random.Random) -> _Built:
 
 def _fuzzed_id(target: Target, rng: random.Random, genuine: str) -> str:
     """Something that is not one of the app's ids for this user, spelled close to one where possible."""
-    index = rng.randrange(len(genuine))
+    index = _index(rng, 0, len(genuine) - 1)
     choice = rng.randrange(12)
     value = [
         lambda: genuine[:index] + "\x00" + genuine[index:],
@@ -477,7 +484,7 @@ def _fuzzed_id(target: Target, rng: random.Random, genuine: str) -> str:
         lambda: target.other_apps_run.run_id if rng.random() < 0.5 else target.other_apps_run.task_id,
         lambda: target.other_users_run.run_id if rng.random() < 0.5 else target.other_users_run.task_id,
     ][choice]()
-    return value.replace("/", "%2F") if "/" in value else value
+    return value.replace("/", "%2F")  # a decoded "/" would leave the route: a test of the router, not of ids
 
 
 def _path_id(target: Target, rng: random.Random) -> _Built:
@@ -501,9 +508,7 @@ def _path_id(target: Target, rng: random.Random) -> _Built:
     segment = _fuzzed_id(target, rng, genuine)
     headers = [_bearer(auth)] + ([("Content-Type", "application/json")] if body is not None else [])
     request = HttpRequest(method, template.format(_q(segment)), tuple(headers), body)
-    # A decoded "/" leaves the route: the router's 404 then, with its own code.
-    codes = frozenset({code, "not_found"}) if "/" in segment.replace("%2F", "/") else frozenset({code})
-    return _Built(request, Expect(frozenset({404}), codes))
+    return _Built(request, _expect(404, code))
 
 
 def _query_user(target: Target, rng: random.Random) -> _Built:
@@ -531,7 +536,7 @@ def _query_user(target: Target, rng: random.Random) -> _Built:
 
 
 def _credential_variant(rng: random.Random, genuine: str) -> str:
-    index = rng.randint(1, len(genuine) - 1)
+    index = _index(rng, 1, len(genuine) - 1)
     return rng.choice(
         [
             genuine + rng.choice(["x", "\x00", "é", "%00", "="]),
