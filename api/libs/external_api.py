@@ -22,11 +22,11 @@ def error_response(code: str, message: str, status: int) -> Response:
 
 
 def http_error_response(error: Exception) -> Response:
-    if isinstance(error, ServiceError):
-        return error_response(error.code, error.message, error.status)
     if isinstance(error, RequestEntityTooLarge):
         limit = request.max_content_length
         return error_response("request_too_large", f"the request body is larger than {limit} bytes", 413)
+    if isinstance(error, ServiceError):
+        return error_response(error.code, error.message, error.status)
     if isinstance(error, HTTPException):
         status = error.code or 500
         name = (error.name or "error").lower().replace(" ", "_")

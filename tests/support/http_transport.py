@@ -44,9 +44,9 @@ class Answer:
 
     @property
     def error_code(self) -> str | None:
-        """The ``code`` of an error answered as ``{"code", "message", "status"}``, else ``None``."""
+        """The ``code`` of an error answered as ``{"code", "message", "status", …}``, else ``None``."""
         body = self.body
-        if isinstance(body, dict) and set(body) == {"code", "message", "status"} and body["status"] == self.status:
+        if isinstance(body, dict) and {"code", "message", "status"} <= body.keys() and body["status"] == self.status:
             code = body["code"]
             return code if isinstance(code, str) else None
         return None
