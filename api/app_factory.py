@@ -25,6 +25,10 @@ def create_app(config: AppConfig | None = None) -> Flask:
     ext_event_bus.init_app(app, config)
     ext_celery.init_app(app, config)
 
+    from api.libs import request_limits
+
+    request_limits.init_app(app, config)
+
     import api.tasks  # noqa: F401  (registers the Celery tasks)
     from api.controllers.service_api import bp as service_api_bp
     from api.controllers.web import bp as web_bp

@@ -63,6 +63,14 @@ class AppConfig(BaseSettings):
         default=600, description="Seconds between the reaper's enforce_retention() sweeps; 0 never sweeps."
     )
 
+    MAX_REQUEST_BODY_BYTES: int = Field(
+        default=1 << 20, ge=1, description="Largest request body accepted, chunked or not (413 beyond)."
+    )
+    # Capped far below Python's recursion limit: the parser recurses once per level, also in greenlets.
+    MAX_JSON_DEPTH: int = Field(
+        default=32, ge=1, le=200, description="Deepest nesting of arrays and objects in a JSON body (400 beyond)."
+    )
+
     WORKFLOW_EVENT_TRANSPORT: Literal["durable_stream", "broadcast_channel"] = Field(
         default="durable_stream",
         validation_alias=AliasChoices("WORKFLOW_EVENT_TRANSPORT", "EVENT_BUS_TRANSPORT"),

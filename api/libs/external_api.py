@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Response, jsonify
+from flask import Response, jsonify, request
 from flask_restful import Api
-from werkzeug.exceptions import HTTPException
+from sqlalchemy.exc import DataError
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from api.services.errors import ServiceError
 
@@ -21,14 +22,29 @@ def error_response(code: str, message: str, status: int, details: dict[str, Any]
 
 
 def http_error_response(error: Exception) -> Response:
+    if isinstance(error, RequestEntityTooLarge):
+        limit = request.max_content_length
+        return error_response("request_too_large", f"the request body is larger than {limit} bytes", 413)
     if isinstance(error, ServiceError):
         return error_response(error.code, error.message, error.status, error.details)
     if isinstance(error, HTTPException):
         status = error.code or 500
         name = (error.name or "error").lower().replace(" ", "_")
         return error_response(name, error.description or name, status)
+    if _refused_by_the_database(error):
+        # Validation should have answered first; reaching here means a check is missing somewhere.
+        logger.warning("the database refused a request value: %s", getattr(error, "orig", error))
+        return error_response("invalid_param", "a value in the request cannot be stored or looked up", 400)
     logger.exception("unhandled error", exc_info=error)
     return error_response("internal_server_error", "internal server error", 500)
+
+
+def _refused_by_the_database(error: Exception) -> bool:
+    # DataError: NUL characters, over-long strings, malformed values (SQLSTATE class 22). Drivers
+    # raise an unpaired surrogate's UnicodeEncodeError unwrapped, before anything reaches the server.
+    if isinstance(error, DataError):
+        return True
+    return isinstance(error, UnicodeEncodeError) and error.reason == "surrogates not allowed"
 
 
 class ExternalApi(Api):  # type: ignore[misc]

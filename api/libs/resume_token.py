@@ -17,6 +17,7 @@ import base64
 import binascii
 import dataclasses
 import os
+import re
 import struct
 
 from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
@@ -30,6 +31,8 @@ _GCM_SIV = 1
 _GCM = 2
 _NONCE_SIZE = 12
 _MAX_TOKEN_LENGTH = 2048
+# The alphabet of base64url without padding; the decoder alone would skip or translate anything else.
+_TOKEN_ALPHABET = re.compile(r"[A-Za-z0-9_-]+")
 DEVELOPMENT_KEY_ID = "dev"
 
 
@@ -106,12 +109,7 @@ class ResumeTokenCodec:
         Raises:
             InvalidResumeTokenError: For any token this server did not issue for this topic, app and user.
         """
-        if not token or len(token) > _MAX_TOKEN_LENGTH:
-            raise InvalidResumeTokenError("malformed resume token")
-        try:
-            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidResumeTokenError("malformed resume token") from exc
+        raw = _decode_canonical(token)
         if len(raw) < 2:
             raise InvalidResumeTokenError("malformed resume token")
         algorithm, key_id_length = raw[0], raw[1]
@@ -133,6 +131,23 @@ class ResumeTokenCodec:
         except UnsupportedAlgorithm as exc:
             raise InvalidResumeTokenError("this server cannot read AES-GCM-SIV resume tokens") from exc
         return plaintext.decode()
+
+
+def _decode_canonical(token: str) -> bytes:
+    """The bytes of a token in the one encoding :meth:`ResumeTokenCodec.seal` produces.
+
+    Python's decoder is lenient (it ignores characters outside the alphabet, accepts ``+``/``/`` for
+    ``-``/``_`` and non-zero trailing bits), so many strings would decode to a genuine token's bytes.
+    """
+    if not token or len(token) > _MAX_TOKEN_LENGTH or _TOKEN_ALPHABET.fullmatch(token) is None:
+        raise InvalidResumeTokenError("malformed resume token")
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidResumeTokenError("malformed resume token") from exc
+    if base64.urlsafe_b64encode(raw).rstrip(b"=") != token.encode("ascii"):
+        raise InvalidResumeTokenError("malformed resume token")
+    return raw
 
 
 def _aead(algorithm: int, secret: bytes) -> AESGCM | AESGCMSIV:

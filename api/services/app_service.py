@@ -13,6 +13,7 @@ from api.extensions.ext_database import db
 from api.models import App
 
 from .errors import InvalidParamError, UnauthorizedError
+from .validation import MAX_API_KEY_LENGTH, could_be_credential
 
 
 def create_app(definition: Mapping[str, Any]) -> App:
@@ -40,7 +41,10 @@ def authenticate(authorization: str | None) -> App:
     scheme, _, key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise UnauthorizedError("the Authorization header must be 'Bearer <api key>'")
-    app = db.session.execute(select(App).where(App.api_key == key.strip())).scalar_one_or_none()
+    key = key.strip()
+    if not could_be_credential(key, MAX_API_KEY_LENGTH):
+        raise UnauthorizedError("invalid API key")
+    app = db.session.execute(select(App).where(App.api_key == key)).scalar_one_or_none()
     if app is None:
         raise UnauthorizedError("invalid API key")
     return app

@@ -23,6 +23,7 @@ from api.models import App, WorkflowRun, WorkflowRunStatus
 
 from . import run_recovery
 from .errors import ConflictError, InvalidParamError, NotFoundError, RunWaitTimeoutError, ServiceUnavailableError
+from .validation import could_be_our_id, require_user
 
 RESPONSE_MODES = ("blocking", "async", "streaming")
 
@@ -41,12 +42,10 @@ def parse_run_request(app: App, payload: Any) -> tuple[dict[str, Any], str, str]
     if not isinstance(payload, Mapping):
         raise InvalidParamError("the request body must be a JSON object")
     inputs = payload.get("inputs", {})
-    user = payload.get("user")
     mode = payload.get("response_mode", "blocking")
     if not isinstance(inputs, Mapping):
         raise InvalidParamError("'inputs' must be an object")
-    if not isinstance(user, str) or not user.strip():
-        raise InvalidParamError("'user' is required")
+    user = require_user(payload.get("user"))
     if mode not in RESPONSE_MODES:
         raise InvalidParamError(f"'response_mode' must be one of {', '.join(RESPONSE_MODES)}")
     start = Graph(app.graph).start
@@ -167,6 +166,10 @@ def run_detail(run: WorkflowRun) -> dict[str, Any]:
 
 
 def get_run(app: App, run_id: str, user: str | None) -> WorkflowRun:
+    if user is not None:
+        require_user(user)
+    if not could_be_our_id(run_id):
+        raise NotFoundError("workflow run not found", code="workflow_run_not_found")
     run = db.session.get(WorkflowRun, run_id)
     if run is None or run.app_id != app.id or (user is not None and run.end_user != user):
         raise NotFoundError("workflow run not found", code="workflow_run_not_found")
@@ -174,6 +177,10 @@ def get_run(app: App, run_id: str, user: str | None) -> WorkflowRun:
 
 
 def get_run_by_task(app: App, task_id: str, user: str | None) -> WorkflowRun:
+    if user is not None:
+        require_user(user)
+    if not could_be_our_id(task_id):
+        raise NotFoundError("task not found", code="task_not_found")
     run = db.session.execute(select(WorkflowRun).where(WorkflowRun.task_id == task_id)).scalar_one_or_none()
     if run is None or run.app_id != app.id or (user is not None and run.end_user != user):
         raise NotFoundError("task not found", code="task_not_found")
@@ -196,9 +203,7 @@ def stop_run(app: App, task_id: str, user: str) -> None:
 def submit_human_input(app: App, run_id: str, payload: Any) -> WorkflowRun:
     if not isinstance(payload, Mapping):
         raise InvalidParamError("the request body must be a JSON object")
-    user, form = payload.get("user"), payload.get("inputs", {})
-    if not isinstance(user, str) or not user.strip():
-        raise InvalidParamError("'user' is required")
+    user, form = require_user(payload.get("user")), payload.get("inputs", {})
     if not isinstance(form, Mapping):
         raise InvalidParamError("'inputs' must be an object")
     run = get_run(app, run_id, user)

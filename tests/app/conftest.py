@@ -1,7 +1,13 @@
-"""Fixtures for the app tests: real Celery workers on a Redis broker, SQLite or PostgreSQL data."""
+"""Fixtures for the app tests: real Celery workers on a Redis broker, SQLite or PostgreSQL data.
+
+The app database is SQLite unless a module parametrizes ``app_database``, e.g. with
+``pytestmark = pytest.mark.parametrize("app_database", APP_DATABASES, indirect=True, scope="module")``;
+then its ``harness`` and ``make_harness`` run once on each database (PostgreSQL in a private schema).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import uuid
@@ -15,7 +21,9 @@ from flask.testing import FlaskClient
 from api.app_factory import create_app
 from api.configs import AppConfig
 from api.core.app.apps.topics import workflow_run_topic
+from api.extensions.ext_database import db
 from api.extensions.ext_durable_stream import durable_stream
+from tests.support.app_database import app_database_uri
 from tests.support.processes import ROOT, Worker, running_worker
 
 BROKER_URL = "redis://127.0.0.1:6379/0"
@@ -83,11 +91,21 @@ class AppHarness:
     def close(self) -> None:
         with self.app.app_context():
             self.app.extensions["durable_stream"].close()
+            # Pooled connections would hold a private PostgreSQL schema open while it is dropped.
+            db.engine.dispose()
 
 
 @pytest.fixture(scope="module")
-def module_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return base_env(tmp_path_factory.mktemp("app"))
+def app_database(request: pytest.FixtureRequest) -> str:
+    kind: str = getattr(request, "param", "sqlite")
+    return kind
+
+
+@pytest.fixture(scope="module")
+def module_env(tmp_path_factory: pytest.TempPathFactory, app_database: str) -> Iterator[dict[str, str]]:
+    var_dir = tmp_path_factory.mktemp("app")
+    with app_database_uri(app_database, var_dir) as uri:
+        yield base_env(var_dir, SQLALCHEMY_DATABASE_URI=uri)
 
 
 @pytest.fixture(scope="module")
@@ -100,21 +118,18 @@ def harness(module_env: dict[str, str]) -> Iterator[AppHarness]:
 
 
 @pytest.fixture
-def make_harness(tmp_path: pathlib.Path) -> Iterator[Callable[..., AppHarness]]:
-    """A harness with its own environment and worker, for tests that change settings or kill workers."""
-    opened: list[tuple[AppHarness, Any]] = []
+def make_harness(tmp_path: pathlib.Path, app_database: str) -> Iterator[Callable[..., AppHarness]]:
+    """A harness with its own environment, database and worker, for tests that change settings or kill workers."""
+    with contextlib.ExitStack() as stack:
 
-    def make(start_worker: bool = True, **overrides: Any) -> AppHarness:
-        env = base_env(tmp_path / uuid.uuid4().hex[:8], **overrides)
-        pathlib.Path(env["VAR_DIR"]).mkdir(parents=True)
-        context = running_worker(env, pathlib.Path(env["VAR_DIR"]) / "worker.log") if start_worker else None
-        worker = context.__enter__() if context is not None else None
-        harness = AppHarness(env, worker)
-        opened.append((harness, context))
-        return harness
+        def make(start_worker: bool = True, **overrides: Any) -> AppHarness:
+            var_dir = tmp_path / uuid.uuid4().hex[:8]
+            var_dir.mkdir(parents=True)
+            uri = stack.enter_context(app_database_uri(app_database, var_dir))
+            env = base_env(var_dir, **{"SQLALCHEMY_DATABASE_URI": uri, **overrides})
+            worker = stack.enter_context(running_worker(env, var_dir / "worker.log")) if start_worker else None
+            harness = AppHarness(env, worker)
+            stack.callback(harness.close)
+            return harness
 
-    yield make
-    for harness, context in opened:
-        harness.close()
-        if context is not None:
-            context.__exit__(None, None, None)
+        yield make

@@ -4,14 +4,11 @@ see every event of the run exactly once, in order, whichever worker serves each 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import random
 import re
-import signal
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +22,7 @@ from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, connect
 from tests.app.conftest import base_env
 from tests.app.test_service_api import slow_greeting
-from tests.support.processes import BIN, ROOT, free_port, process_env, running_worker
+from tests.support.processes import BIN, ROOT, process_env, running_gunicorn, running_worker
 from tests.support.sse import parse_sse
 
 RUNS = 6
@@ -45,47 +42,12 @@ def served(
 ) -> Iterator[tuple[str, dict[str, str], pathlib.Path]]:
     env = base_env(tmp_path, DURABLE_STREAM_URL=stream_urls(tmp_path)[request.param], SSE_PING_INTERVAL="1")
     create_app(AppConfig(**env))  # creates the tables before three processes race to
-    port = free_port()
     access_log = tmp_path / "access.log"
-    with running_worker(env, tmp_path / "worker.log", concurrency=8):
-        log = open(tmp_path / "gunicorn.log", "wb")  # noqa: SIM115
-        gunicorn = subprocess.Popen(
-            [
-                str(BIN / "gunicorn"),
-                "-k",
-                "gevent",
-                "-w",
-                "2",
-                "-b",
-                f"127.0.0.1:{port}",
-                "--access-logfile",
-                str(access_log),
-                "--access-logformat",
-                "%(p)s %(m)s %(U)s %(s)s",
-                "api.app:app",
-            ],
-            cwd=ROOT,
-            env=process_env(env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                assert gunicorn.poll() is None, (tmp_path / "gunicorn.log").read_text()
-                try:
-                    requests.get(f"{base}/v1/workflows/run/x", timeout=2)
-                    break
-                except (requests.ConnectionError, requests.Timeout):
-                    assert time.monotonic() < deadline
-                    time.sleep(0.1)
-            yield base, env, access_log
-        finally:
-            os.killpg(gunicorn.pid, signal.SIGTERM)
-            gunicorn.wait(timeout=30)
-            log.close()
+    with (
+        running_worker(env, tmp_path / "worker.log", concurrency=8),
+        running_gunicorn(env, tmp_path, access_log=access_log) as base,
+    ):
+        yield base, env, access_log
 
 
 def follow_with_disconnects(base: str, key: str, rng: random.Random) -> tuple[str, list[dict[str, Any]], int]:

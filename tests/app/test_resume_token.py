@@ -76,3 +76,38 @@ def test_keys_setting_and_development_key() -> None:
         with pytest.raises(ValueError):
             parse_keys(bad)
     assert development_key("s1").secret == development_key("s1").secret != development_key("s2").secret
+
+
+def _spellings(token: str) -> dict[str, str]:
+    """Strings Python's lenient base64 decoder turns into the same bytes as ``token``."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    spellings = {
+        "dots inserted": token[:7] + "...." + token[7:],
+        "space inserted": token[:7] + " " + token[7:],
+        "newline inserted": token[:7] + "\n" + token[7:],
+        "trailing newline": token + "\n",
+        "standard alphabet": token.replace("-", "+").replace("_", "/"),
+        "padded": token + "=" * (-len(token) % 4 or 4),
+        "inner padding": token[:8] + "==" + token[8:],
+    }
+    spare_bits = {2: 4, 3: 2}.get(len(token) % 4)
+    if spare_bits:
+        last = alphabet.index(token[-1])
+        spellings["trailing bits set"] = token[:-1] + alphabet[last | ((1 << spare_bits) - 1)]
+    return spellings
+
+
+@pytest.mark.parametrize("cursor_length", [1, 2, 3, 4])  # every remainder of the length mod 4
+def test_other_spellings_of_a_genuine_token_are_malformed(cursor_length: int) -> None:
+    codec = ResumeTokenCodec([key("k1")])
+    while True:
+        token = codec.seal("c" * cursor_length, **BOUND)
+        if "-" in token or "_" in token:
+            break
+    for name, spelling in _spellings(token).items():
+        assert spelling != token, name
+        same_bytes = base64.urlsafe_b64decode(spelling + "==") == base64.urlsafe_b64decode(token + "==")
+        assert same_bytes, f"{name}: the lenient decoder must read the genuine bytes, or this test means nothing"
+        with pytest.raises(InvalidResumeTokenError, match="malformed"):
+            codec.open(spelling, **BOUND)
+    assert codec.open(token, **BOUND) == "c" * cursor_length

@@ -1,4 +1,5 @@
-"""The service API end to end: Flask in-process, a real Celery worker process, Redis as broker."""
+"""The service API end to end: Flask in-process, a real Celery worker process, Redis as broker, on
+both app databases."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from typing import Any
 import pytest
 
 from tests.app.conftest import AppHarness
+from tests.support.app_database import APP_DATABASES
 from tests.support.processes import ROOT
+
+# Every test once on SQLite and once on PostgreSQL (a private schema): the API answers the same on both.
+pytestmark = pytest.mark.parametrize("app_database", APP_DATABASES, indirect=True, scope="module")
 
 GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
 
@@ -256,32 +261,6 @@ def test_a_killed_worker_is_caught_by_the_lease(make_harness: Callable[..., AppH
     with harness.app.app_context():  # a second check (another API process) changes nothing
         run_row = db.session.get(WorkflowRun, run_id)
         assert run_recovery.check_lease(db.session.get(App, run_row.app_id), run_row) is False
-
-
-def test_postgresql_as_the_app_database(make_harness: Callable[..., AppHarness]) -> None:
-    import uuid
-
-    import psycopg
-
-    schema = f"app_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as connection:
-        connection.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        uri = f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
-        harness = make_harness(SQLALCHEMY_DATABASE_URI=uri)
-        key = harness.create_app("greeting")["api_key"]
-        paused = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Jo", "mood": "formal"}, "user": "u"}).json
-        assert paused["data"]["status"] == "paused"
-        run_id = paused["workflow_run_id"]
-        resumed = harness.post(
-            f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u", "inputs": {"approved": False}}
-        )
-        assert resumed.status_code == 200
-        detail = wait_for_status(harness, key, run_id, "u", {"succeeded"})
-        assert detail["outputs"]["greeting"].endswith("(approved: false)")
-    finally:
-        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as connection:
-            connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def test_an_engine_that_raises_ends_the_run_failed_and_sealed(harness: AppHarness) -> None:

@@ -37,9 +37,13 @@ def run_events(app_model: App, run: WorkflowRun) -> Response:
 
 
 def last_event_id() -> str | None:
-    """The header browsers send on reconnect, or a query parameter for clients that cannot set headers."""
-    value = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
-    return value.strip() or None if value else None
+    """The header browsers send on reconnect, or a query parameter for clients that cannot set headers.
+
+    Only the header's optional whitespace (spaces and tabs around a field value) is dropped, as every
+    HTTP server does; anything else around or inside a token makes it malformed, not another spelling.
+    """
+    value = (request.headers.get("Last-Event-ID") or "").strip(" \t") or request.args.get("last_event_id")
+    return value or None
 
 
 def event_stream_response(events: Any, headers: dict[str, str] | None = None) -> Response:

@@ -11,6 +11,7 @@ from api.controllers.common.workflow_responses import run_events, start_run
 from api.models import App
 from api.services import workflow_run_service as runs
 from api.services.errors import InvalidParamError
+from api.services.validation import require_user
 
 from . import api
 from .wraps import validate_app_token
@@ -42,10 +43,7 @@ class WorkflowTaskStopApi(Resource):  # type: ignore[misc]
     @validate_app_token
     def post(self, app_model: App, task_id: str) -> Any:
         body = _json_body()
-        user = body.get("user") if isinstance(body, dict) else None
-        if not isinstance(user, str) or not user:
-            raise InvalidParamError("'user' is required")
-        runs.stop_run(app_model, task_id, user)
+        runs.stop_run(app_model, task_id, require_user(body.get("user") if isinstance(body, dict) else None))
         return {"result": "success"}
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import select
 from api.extensions.ext_database import db
 from api.models import App
 from api.services.errors import NotFoundError, UnauthorizedError
+from api.services.validation import MAX_SITE_CODE_LENGTH, could_be_credential, could_be_passport
 
 from . import api
 
@@ -31,8 +32,10 @@ def _serializer() -> URLSafeTimedSerializer:
 
 class PassportApi(Resource):  # type: ignore[misc]
     def get(self) -> Any:
-        code = request.headers.get("X-App-Code")
-        app = db.session.execute(select(App).where(App.site_code == code)).scalar_one_or_none() if code else None
+        code = request.headers.get("X-App-Code") or ""
+        app = None
+        if could_be_credential(code, MAX_SITE_CODE_LENGTH):
+            app = db.session.execute(select(App).where(App.site_code == code)).scalar_one_or_none()
         if app is None:
             raise NotFoundError("unknown app code", code="app_not_found")
         end_user = f"web-{uuid.uuid4()}"
@@ -47,8 +50,11 @@ def validate_passport(view: Callable[..., Any]) -> Callable[..., Any]:
         scheme, _, token = (request.headers.get("Authorization") or "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise UnauthorizedError("missing passport")
+        token = token.strip()
+        if not could_be_passport(token):
+            raise UnauthorizedError("invalid passport")
         try:
-            claims = _serializer().loads(token.strip(), max_age=PASSPORT_MAX_AGE)
+            claims = _serializer().loads(token, max_age=PASSPORT_MAX_AGE)
         except BadSignature as exc:
             raise UnauthorizedError("invalid passport") from exc
         app = db.session.get(App, claims.get("app_id"))
