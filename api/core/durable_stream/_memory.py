@@ -115,7 +115,7 @@ class MemoryDriver:
             state = self._topics.get(topic)
             if state is None:
                 return None
-            return TopicInfo(topic, len(state.records), state.first, state.last, state.sealed)
+            return TopicInfo(topic, len(state.records), state.first, state.last, state.sealed, state.epoch)
 
     def trim(self, topic: str, keep_last: int) -> int:
         with self._lock:

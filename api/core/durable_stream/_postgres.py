@@ -475,7 +475,7 @@ class PostgresDriver:
         if row is None:
             return None
         first, last = int(row[1]), int(row[2])
-        return TopicInfo(topic, last - first + 1, first, last, bool(row[3]))
+        return TopicInfo(topic, last - first + 1, first, last, bool(row[3]), str(row[0]))
 
     def trim(self, topic: str, keep_last: int) -> int:
         def work(conn: Connection) -> int:

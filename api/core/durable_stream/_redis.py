@@ -649,8 +649,8 @@ class RedisDriver:
         reply = self._eval("topic info", _INFO, topic, ())
         if not reply:
             return None
-        length, first, last, sealed = reply
-        return TopicInfo(topic, int(length), int(first), int(last), bool(sealed))
+        length, first, last, sealed, epoch = reply
+        return TopicInfo(topic, int(length), int(first), int(last), bool(sealed), epoch.decode())
 
     def trim(self, topic: str, keep_last: int) -> int:
         removed, first = self._eval("trim", _TRIM, topic, (keep_last,))

@@ -379,8 +379,8 @@ class SqliteDriver:
         row: _HeadRow | None = self._read("topic_info", lambda c: c.execute(_HEAD, (topic,)).fetchone())
         if row is None:
             return None
-        _, _, first, last, sealed = row
-        return TopicInfo(topic, last - first + 1, first, last, bool(sealed))
+        _, epoch, first, last, sealed = row
+        return TopicInfo(topic, last - first + 1, first, last, bool(sealed), epoch)
 
     def trim(self, topic: str, keep_last: int) -> int:
         def work(connection: sqlite3.Connection) -> int:
