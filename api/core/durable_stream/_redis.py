@@ -143,7 +143,7 @@ class _ConnectionPool:
     A checkout takes one of ``size`` turns from a :class:`~._fair.FairSemaphore`, then the most
     recently returned connection (or a new one). The turns are granted in arrival order, so a
     caller that returns its connection and at once asks again queues behind those already
-    waiting instead of taking the connection back (under gevent it would, every time). Without
+    waiting, instead of taking the connection back before the waiter it woke runs. Without
     contention a checkout and a return are a few ``deque`` operations, and no lock.
     """
 
@@ -152,6 +152,7 @@ class _ConnectionPool:
         self._turns = FairSemaphore(size)
         self._idle: collections.deque[Any] = collections.deque()
         self._created: list[Any] = []
+        self._created_lock = threading.Lock()  # only taken to make a connection, and by close()
         self._timeout = max(timeout, _POOL_WAIT)
 
     def acquire(self) -> Any:
@@ -162,11 +163,12 @@ class _ConnectionPool:
         except IndexError:
             # Every connection made so far is out with another turn's holder: fewer than ``size``.
             try:
-                connection = self._factory()
+                with self._created_lock:
+                    connection = self._factory()
+                    self._created.append(connection)
             except BaseException:
                 self._turns.release()
                 raise
-            self._created.append(connection)
         if not _idle_socket_healthy(connection):
             # The server closed it (restart, idle timeout): never send a command into a dead
             # socket, where an append could not tell "refused" from "maybe stored".
@@ -181,7 +183,8 @@ class _ConnectionPool:
         self._turns.release()
 
     def close(self) -> None:
-        connections, self._created = self._created, []
+        with self._created_lock:
+            connections, self._created = self._created, []
         self._idle.clear()
         for connection in connections:
             with contextlib.suppress(Exception):
