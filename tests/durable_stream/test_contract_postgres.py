@@ -35,6 +35,9 @@ def postgres_contract_schema() -> Iterator[str]:
 
 
 class TestPostgresContract(DurableStreamContract):
+    # Fewer pooled connections than the seal test's appenders: the pool is contended too.
+    contended_options = {"pool_size": 2}
+
     # The 100k-record bulk append runs in a child process; per-commit WAL flushes on the shared
     # server would dominate the test's run time, and durability is not what that test checks.
     bulk_append_options = {"synchronous_commit": "off"}

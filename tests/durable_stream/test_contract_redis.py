@@ -18,6 +18,9 @@ KEY_PREFIX = f"dstest-{uuid.uuid4().hex[:12]}:"
 
 
 class TestRedisContract(DurableStreamContract):
+    # Fewer pooled connections than the seal test's appenders: the pool is contended too.
+    contended_options = {"max_connections": 2}
+
     def backend_url(self, **options: Any) -> str | None:
         query = urllib.parse.urlencode({"key_prefix": KEY_PREFIX, **options})
         return f"{REDIS_URL}?{query}"

@@ -30,6 +30,9 @@ def redis_cluster() -> Iterator[RedisClusterProcess]:
 
 
 class TestRedisClusterContract(DurableStreamContract):
+    # Fewer pooled connections than the seal test's appenders: the pool is contended too.
+    contended_options = {"max_connections": 2}
+
     @pytest.fixture(autouse=True)
     def _cluster(self, redis_cluster: RedisClusterProcess) -> None:
         self._url = redis_cluster.url

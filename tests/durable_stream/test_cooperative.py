@@ -26,7 +26,7 @@ SCENARIOS = textwrap.dedent(
     monkey.patch_all()
     import json, threading, time
     import gevent
-    from api.core.durable_stream._cooperative import new_wake, _HubWake
+    from api.core.durable_stream._cooperative import new_wake, run_blocking, _HubWake
 
     report = {"patched": monkey.is_module_patched("threading"), "kind": type(new_wake()).__name__}
 
@@ -80,6 +80,20 @@ SCENARIOS = textwrap.dedent(
     victim.kill()
     report["waiters_after_kill"] = len(lonely._waiters)
     lonely.set()
+
+    # An error raised in the threadpool reaches the caller as itself, and the hub prints nothing
+    # (the test checks this process's stderr).
+    class Expected(Exception):
+        pass
+
+    def fail():
+        raise Expected("expected")
+
+    try:
+        run_blocking(fail)
+    except Expected as exc:
+        report["run_blocking_raised"] = str(exc)
+    report["run_blocking_value"] = run_blocking(lambda: 42)
     print(json.dumps(report))
     """
 )
@@ -97,6 +111,7 @@ def report() -> dict[str, object]:
     )
     assert done.returncode == 0, done.stderr
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["stderr"] = done.stderr
     return result
 
 
@@ -125,6 +140,12 @@ def test_set_from_a_native_thread_wakes_the_waiter(report: dict[str, object]) ->
 def test_every_waiter_is_woken_and_a_killed_one_is_forgotten(report: dict[str, object]) -> None:
     assert report["many_woken"] == 200
     assert report["waiters_after_kill"] == 0
+
+
+def test_run_blocking_hands_errors_back_without_the_hub_printing_them(report: dict[str, object]) -> None:
+    assert report["run_blocking_raised"] == "expected"
+    assert report["run_blocking_value"] == 42
+    assert "Traceback" not in str(report["stderr"]), report["stderr"]
 
 
 def test_without_gevent_a_set_wake_returns_at_once_and_an_unset_one_times_out() -> None:

@@ -179,6 +179,32 @@ def test_subscriptions_recover_after_a_restart_with_aof() -> None:
             topic.append(b"sealed")
 
 
+@pytest.mark.parametrize("appendonly", [False, True], ids=["without-persistence", "with-aof"])
+def test_topic_info_epoch_tells_whether_the_topic_survived_a_restart(appendonly: bool) -> None:
+    with RedisServer(appendonly=appendonly) as server, connect(server.url) as backend:
+        topic = backend.topic("restarted")
+        topic.append(b"before")
+        before = backend.admin.topic_info("restarted")
+        assert before is not None
+        server.restart()
+        # The pooled connections were cut by the restart: wait until a call gets through again.
+        wait_until(lambda: _answers(backend), message="the restarted server to answer")
+        if not appendonly:
+            assert backend.admin.topic_info("restarted") is None
+            topic.append(b"after")
+        after = backend.admin.topic_info("restarted")
+        assert after is not None
+        assert (after.epoch == before.epoch) is appendonly
+
+
+def _answers(backend: object) -> bool:
+    try:
+        backend.admin.topic_info("restarted")  # type: ignore[attr-defined]
+    except DurableStreamUnavailableError:
+        return False
+    return True
+
+
 def _feed_linked(backend: object) -> bool:
     feeds = backend._driver._feeds  # type: ignore[attr-defined]
     return bool(feeds) and all(feed.link_count() > 0 for feed in feeds)

@@ -70,9 +70,9 @@ def _streamed_run(transport: Transport, path: str, credential: str, user: str | 
     if user is not None:
         body["user"] = user
     headers = (("Authorization", f"Bearer {credential}"), ("Content-Type", "application/json"))
-    messages = [
-        m for m in transport.read_stream(HttpRequest("POST", path, headers, json.dumps(body).encode())) if not m.is_ping
-    ]
+    # Workflow events are the messages without an SSE event name (not the run_created preamble, not pings).
+    streamed = transport.read_stream(HttpRequest("POST", path, headers, json.dumps(body).encode()))
+    messages = [m for m in streamed if m.event is None]
     events = [m.json for m in messages]
     assert events and events[-1]["event"] == "workflow_finished", events
     tokens = tuple(m.id for m in messages if m.id)

@@ -123,7 +123,7 @@ class DurableStreamAdmin:
         self._backend = backend
 
     def topic_info(self, name: str) -> TopicInfo | None:
-        """Return the topic's length, first and last ordinal and seal state, or ``None`` if absent."""
+        """Return the topic's length, first and last ordinal, seal state and epoch, or ``None`` if absent."""
         name = validate_topic_name(name)
         return self._backend._call(lambda: self._backend._driver.topic_info(name))
 

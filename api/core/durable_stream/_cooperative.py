@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["Wake", "gevent_active", "new_wake", "run_blocking"]
+__all__ = ["Wake", "gevent_active", "new_wake", "run_blocking", "yield_to_greenlets"]
 
 T = TypeVar("T")
 
@@ -46,13 +46,48 @@ def gevent_active() -> bool:
 
 
 def run_blocking(fn: Callable[[], T]) -> T:
-    """Run ``fn``, in gevent's threadpool when gevent is active, and return its result."""
+    """Run ``fn``, in gevent's threadpool when gevent is active, and return its result or raise its error."""
     if not gevent_active():
         return fn()
     import gevent
 
-    result: T = gevent.get_hub().threadpool.apply(fn)
-    return result
+    outcome: T | _Raised = gevent.get_hub().threadpool.apply(_capturing, (fn,))
+    if isinstance(outcome, _Raised):
+        try:
+            raise outcome.error
+        finally:
+            del outcome  # the traceback holds this frame: no cycle back to the error through it
+    return outcome
+
+
+class _Raised:
+    """An error raised by a threadpool task, handed back as its result."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _capturing(fn: Callable[[], T]) -> T | _Raised:
+    # gevent's hub prints a traceback to stderr for every error a threadpool task raises, even
+    # when the caller expects and handles it (a sealed topic, a busy database file).
+    try:
+        return fn()
+    except Exception as exc:
+        return _Raised(exc)
+
+
+def yield_to_greenlets() -> None:
+    """Under gevent, let the other ready greenlets run before going on; nothing otherwise.
+
+    For work that never waits on I/O (the memory store): a greenlet doing it in a loop would
+    otherwise keep the hub to itself, and no other greenlet, a ``seal()`` included, would run.
+    """
+    if gevent_active():
+        import gevent
+
+        gevent.sleep(0)
 
 
 def new_wake() -> Wake:

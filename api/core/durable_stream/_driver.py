@@ -100,13 +100,20 @@ class Batch:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TopicInfo:
-    """What an operator sees of a topic through ``backend.admin.topic_info()``."""
+    """What an operator sees of a topic through ``backend.admin.topic_info()``.
+
+    ``length`` records are retained, ordinals ``first_ordinal`` to ``last_ordinal`` (``first_ordinal``
+    is ``last_ordinal + 1`` when none is). ``epoch`` is an opaque string naming this incarnation of the
+    topic; a topic deleted and re-created, or lost by its store, has a different one. Compare epochs for
+    equality only.
+    """
 
     name: str
     length: int
     first_ordinal: int
     last_ordinal: int
     sealed: bool
+    epoch: str
 
 
 class ChangeFeed(Protocol):

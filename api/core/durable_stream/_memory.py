@@ -5,6 +5,10 @@ Capability card
 - URL: ``memory://``. Every backend object owns one private store shared by all its threads.
 - Durability: none; the store lives and dies with the backend object.
 - Wake-ups: direct, in-process; no watcher thread.
+- Concurrency: one lock per store, which serves its waiters in arrival order (FIFO), so a writer
+  waiting behind others in a tight loop gets its turn. Under gevent an append or seal first lets
+  the other ready greenlets run, as a write to a real store would while it waits for I/O: a
+  greenlet appending in a loop cannot keep the hub to itself.
 - Options: ``max_records`` (applied on every append), ``max_age_seconds`` (applied by
   ``admin.enforce_retention()``), ``buffer_size``.
 - Use: tests, examples, and as the executable specification the other adapters are checked against.
@@ -13,14 +17,15 @@ Capability card
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 import uuid
 from collections.abc import Callable
 
 from ._connect import Options
 from ._contract import TopicSealedError
+from ._cooperative import yield_to_greenlets
 from ._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
+from ._fair import FairLock
 
 __all__ = ["MemoryDriver"]
 
@@ -58,7 +63,7 @@ class MemoryDriver:
         self._max_records = max_records
         self._max_age = max_age_seconds
         self._topics: dict[str, _Topic] = {}
-        self._lock = threading.Lock()
+        self._lock = FairLock()
 
     def _get(self, name: str, create: bool) -> _Topic | None:
         topic = self._topics.get(name)
@@ -67,6 +72,7 @@ class MemoryDriver:
         return topic
 
     def append(self, topic: str, payload: bytes) -> None:
+        yield_to_greenlets()
         with self._lock:
             state = self._get(topic, create=True)
             assert state is not None
@@ -79,6 +85,7 @@ class MemoryDriver:
                 state.drop_prefix(len(state.records) - self._max_records)
 
     def seal(self, topic: str) -> None:
+        yield_to_greenlets()
         with self._lock:
             state = self._get(topic, create=True)
             assert state is not None
@@ -108,7 +115,7 @@ class MemoryDriver:
             state = self._topics.get(topic)
             if state is None:
                 return None
-            return TopicInfo(topic, len(state.records), state.first, state.last, state.sealed)
+            return TopicInfo(topic, len(state.records), state.first, state.last, state.sealed, state.epoch)
 
     def trim(self, topic: str, keep_last: int) -> int:
         with self._lock:

@@ -41,6 +41,8 @@ Capability card
 - Connections per backend object: at most ``pool_size + max_overflow`` pooled ones (opened on demand)
   plus one for hints, however many topics and subscriptions are open. Without overflow the count is
   fixed, so bursts of reads queue for a connection (up to ``pool_timeout``) instead of opening more.
+  The queue is served in arrival order (FIFO), so a ``seal()`` behind appenders in a tight loop gets
+  its turn, in threads and under gevent.
 - gevent: psycopg >= 3.1.14 waits cooperatively when gevent patched ``select`` before psycopg was
   imported; the hint connection's thread is then a greenlet.
 - Limits: a server that stops answering without closing its sockets (paused, network partition)
@@ -72,6 +74,7 @@ from ._connect import Options
 from ._contract import DurableStreamError, DurableStreamUnavailableError, TopicSealedError
 from ._cooperative import Wake
 from ._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
+from ._fair import FairSemaphore
 from ._postgres_schema import ensure_schema, quote_ident, read_identity, validate_schema
 
 __all__ = ["PostgresDriver", "open_driver", "sqlalchemy_url"]
@@ -256,6 +259,8 @@ class PostgresDriver:
         #: every 15 s is ~130 queries/s, against one query per second for the central poll.
         self.poll_interval = max(15.0, 10 * fallback_poll)
         self._closed = False
+        self._turns = FairSemaphore(pool_size + max_overflow)
+        self._pool_timeout = pool_timeout
 
         sa_url = sqlalchemy.make_url(sqlalchemy_url(url))
         self._engine: Engine = sqlalchemy.create_engine(
@@ -309,21 +314,23 @@ class PostgresDriver:
 
     def _run(self, what: str, work: Callable[[Connection], T], *, idempotent: bool = False) -> T:
         """Run ``work`` on a pooled autocommit connection; retry reads once on a replaced connection."""
-        if self._closed:
-            raise DurableStreamUnavailableError("the PostgreSQL driver is closed")
-        attempts = 2 if idempotent else 1
-        with _translated(what):
-            for attempt in range(1, attempts + 1):
-                try:
-                    with self._engine.connect() as conn:
-                        return work(conn)
-                except sqlalchemy.exc.DBAPIError as exc:
-                    # The pool has already discarded the dead connection; a read is safe to repeat
-                    # because the caller's position, not the connection, decides what comes next.
-                    if not exc.connection_invalidated or attempt == attempts:
-                        raise
-                    log.info("retrying PostgreSQL %s on a new connection after: %s", what, _describe(exc))
-        raise AssertionError("unreachable")  # pragma: no cover
+        self._take_turn(what)
+        try:
+            attempts = 2 if idempotent else 1
+            with _translated(what):
+                for attempt in range(1, attempts + 1):
+                    try:
+                        with self._engine.connect() as conn:
+                            return work(conn)
+                    except sqlalchemy.exc.DBAPIError as exc:
+                        # The pool has already discarded the dead connection; a read is safe to repeat
+                        # because the caller's position, not the connection, decides what comes next.
+                        if not exc.connection_invalidated or attempt == attempts:
+                            raise
+                        log.info("retrying PostgreSQL %s on a new connection after: %s", what, _describe(exc))
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            self._turns.release()
 
     def _raw(self, what: str, work: Callable[[psycopg.Connection[Any]], T], *, idempotent: bool = False) -> T:
         """Run ``work`` on a pooled connection's psycopg object, bypassing SQLAlchemy's execution layer.
@@ -331,27 +338,44 @@ class PostgresDriver:
         Used by the statements every append and read runs: it roughly halves their client-side
         cost. The pool, its checkout check and the error translation stay the same as :meth:`_run`.
         """
+        self._take_turn(what)
+        try:
+            attempts = 2 if idempotent else 1
+            with _translated(what):
+                for attempt in range(1, attempts + 1):
+                    pooled = self._engine.raw_connection()
+                    conn: psycopg.Connection[Any] = pooled.driver_connection  # type: ignore[assignment]
+                    try:
+                        if not conn.autocommit:  # pragma: no cover - the engine hands out autocommit connections
+                            conn.autocommit = True
+                        return work(conn)
+                    except psycopg.Error as exc:
+                        if not (conn.broken or conn.closed):
+                            raise
+                        pooled.invalidate(exc)
+                        if attempt == attempts:
+                            raise
+                        log.info("retrying PostgreSQL %s on a new connection after: %s", what, _describe(exc))
+                    finally:
+                        pooled.close()
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            self._turns.release()
+
+    def _take_turn(self, what: str) -> None:
+        """Wait for a pooled connection in arrival order; release the turn once it is back in the pool.
+
+        SQLAlchemy's pool queue lets a caller that returns a connection and at once asks again take
+        it before the waiter it woke runs; under gevent that starves the waiter (a seal behind
+        appenders) until ``pool_timeout``. With no more turns than connections, the pool itself
+        never makes a turn's holder wait.
+        """
         if self._closed:
             raise DurableStreamUnavailableError("the PostgreSQL driver is closed")
-        attempts = 2 if idempotent else 1
-        with _translated(what):
-            for attempt in range(1, attempts + 1):
-                pooled = self._engine.raw_connection()
-                conn: psycopg.Connection[Any] = pooled.driver_connection  # type: ignore[assignment]
-                try:
-                    if not conn.autocommit:  # pragma: no cover - the engine hands out autocommit connections
-                        conn.autocommit = True
-                    return work(conn)
-                except psycopg.Error as exc:
-                    if not (conn.broken or conn.closed):
-                        raise
-                    pooled.invalidate(exc)
-                    if attempt == attempts:
-                        raise
-                    log.info("retrying PostgreSQL %s on a new connection after: %s", what, _describe(exc))
-                finally:
-                    pooled.close()
-        raise AssertionError("unreachable")  # pragma: no cover
+        if not self._turns.acquire(timeout=self._pool_timeout):
+            raise DurableStreamUnavailableError(
+                f"PostgreSQL {what} failed: no pooled connection became free within {self._pool_timeout:g} s"
+            )
 
     def _head_row(self, conn: psycopg.Connection[Any], topic: str) -> Sequence[Any] | None:
         return conn.execute(self._sql.head, {"name": topic}).fetchone()
@@ -451,7 +475,7 @@ class PostgresDriver:
         if row is None:
             return None
         first, last = int(row[1]), int(row[2])
-        return TopicInfo(topic, last - first + 1, first, last, bool(row[3]))
+        return TopicInfo(topic, last - first + 1, first, last, bool(row[3]), str(row[0]))
 
     def trim(self, topic: str, keep_last: int) -> int:
         def work(conn: Connection) -> int:

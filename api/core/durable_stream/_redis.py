@@ -29,7 +29,9 @@ Capability card
   refreshed by appends and seals, so an idle topic disappears entirely),
   ``buffer_size`` (records per subscription, default 128),
   ``read_connections`` (pool shared by all subscriptions' reads, default 3),
-  ``max_connections`` (pool for appends and other commands, default 16),
+  ``max_connections`` (pool for appends and other commands, default 16; with Redis Cluster both
+  sizes are per node; every pool serves waiting callers in arrival order, so a ``seal()`` behind
+  appenders in a tight loop gets its turn, in threads and under gevent),
   ``socket_timeout`` (default 5 s), ``socket_connect_timeout`` (default 2 s),
   ``prefetch`` (default true), ``hint_payload_limit`` (largest payload copied into a hint,
   default 16384 bytes; 0 sends wake-ups only), ``poll_interval`` (default 1 s: how often the
@@ -47,11 +49,11 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import queue
 import re
 import secrets
 import select
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
@@ -60,6 +62,7 @@ from . import _redis_scripts as scripts
 from ._connect import Options
 from ._contract import CursorUnavailableError, DurableStreamError, DurableStreamUnavailableError, TopicSealedError
 from ._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
+from ._fair import FairSemaphore
 from ._redis_feed import Feed, Prefetch
 
 __all__ = ["RedisDriver", "open_driver"]
@@ -137,69 +140,93 @@ class _ConnectionPool:
 
     It replaces redis-py's client and pool layers on the hot path (they cost several times the
     round trip itself on a small machine) but keeps redis-py's connections and hiredis parser.
-    Checkout and return are a ``deque`` pop and append (atomic); the condition is only touched
-    when the pool is exhausted and someone waits.
+    A checkout takes one of ``size`` turns from a :class:`~._fair.FairSemaphore`, then the most
+    recently returned connection (or a new one). The turns are granted in arrival order, so a
+    caller that returns its connection and at once asks again queues behind those already
+    waiting, instead of taking the connection back before the waiter it woke runs. Without
+    contention a checkout and a return are a few ``deque`` operations, and no lock.
     """
 
     def __init__(self, factory: Callable[[], Any], size: int, timeout: float) -> None:
         self._factory = factory
-        self._size = size
+        self._turns = FairSemaphore(size)
         self._idle: collections.deque[Any] = collections.deque()
         self._created: list[Any] = []
-        self._waiting = 0
-        self._available = threading.Condition(threading.Lock())
+        self._created_lock = threading.Lock()  # only taken to make a connection, and by close()
         self._timeout = max(timeout, _POOL_WAIT)
 
     def acquire(self) -> Any:
+        if not self._turns.acquire(timeout=self._timeout):
+            raise DurableStreamUnavailableError("no Redis connection became free in time")
         try:
             connection = self._idle.pop()
         except IndexError:
-            connection = self._create_or_wait()
+            # Every connection made so far is out with another turn's holder: fewer than ``size``.
+            try:
+                with self._created_lock:
+                    connection = self._factory()
+                    self._created.append(connection)
+            except BaseException:
+                self._turns.release()
+                raise
         if not _idle_socket_healthy(connection):
             # The server closed it (restart, idle timeout): never send a command into a dead
             # socket, where an append could not tell "refused" from "maybe stored".
             connection.disconnect()
         return connection
 
-    def _create_or_wait(self) -> Any:
-        deadline = time.monotonic() + self._timeout
-        with self._available:
-            # Counted before looking, so that a release() that finds nobody waiting has already
-            # put its connection where this loop will see it.
-            self._waiting += 1
-            try:
-                while True:
-                    try:
-                        return self._idle.pop()
-                    except IndexError:
-                        pass
-                    if len(self._created) < self._size:
-                        connection = self._factory()
-                        self._created.append(connection)
-                        return connection
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise DurableStreamUnavailableError("no Redis connection became free in time")
-                    self._available.wait(remaining)
-            finally:
-                self._waiting -= 1
-
     def release(self, connection: Any, healthy: bool) -> None:
         if not healthy:
             with contextlib.suppress(Exception):
                 connection.disconnect()
-        self._idle.append(connection)
-        if self._waiting:
-            with self._available:
-                self._available.notify()
+        self._idle.append(connection)  # before the turn goes: its next holder finds a connection
+        self._turns.release()
 
     def close(self) -> None:
-        with self._available:
+        with self._created_lock:
             connections, self._created = self._created, []
-            self._idle.clear()
+        self._idle.clear()
         for connection in connections:
             with contextlib.suppress(Exception):
                 connection.disconnect()
+
+
+class _FairQueue:
+    """The queue of connections inside redis-py's ``BlockingConnectionPool`` (cluster mode), made fair.
+
+    redis-py's default ``LifoQueue`` lets a caller that puts a connection back and at once asks
+    again take it before the waiter it woke runs; under gevent that starves the waiter (a seal
+    behind appenders) until the pool's timeout. Items wait in LIFO order (warm connections first,
+    then redis-py's ``None`` placeholders); callers are served FIFO by a :class:`~._fair.FairSemaphore`
+    counting them. Only what ``BlockingConnectionPool`` uses is implemented.
+    """
+
+    def __init__(self, maxsize: int = 0) -> None:
+        self.queue: collections.deque[Any] = collections.deque()
+        self.maxsize = maxsize
+        self._available = FairSemaphore(0)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if not self._available.acquire(blocking=block, timeout=timeout):
+            raise queue.Empty
+        return self.queue.pop()
+
+    def put_nowait(self, item: Any) -> None:
+        if 0 < self.maxsize <= len(self.queue):
+            raise queue.Full  # how the pool fills the queue with placeholders: until it is full
+        self.queue.append(item)  # before the count goes up: whoever is counted in finds an item
+        self._available.release()
+
+    put = put_nowait
+
+    def qsize(self) -> int:
+        return len(self.queue)
+
+    def empty(self) -> bool:
+        return not self.queue
+
+    def full(self) -> bool:
+        return 0 < self.maxsize <= len(self.queue)
 
 
 def _idle_socket_healthy(connection: Any) -> bool:
@@ -364,9 +391,12 @@ class _Cluster:
             startup_nodes=[node_class(host, port) for host, port in nodes],
             username=self._username,
             password=self._password,
-            # Only URL-built clusters honour connection_pool_class: a bounded, blocking pool per node.
+            # Only URL-built clusters honour connection_pool_class: a bounded, blocking pool per node,
+            # whose waiters are served in arrival order.
             url=f"redis://{nodes[0][0]}:{nodes[0][1]}",
-            connection_pool_class=functools.partial(BlockingConnectionPool, timeout=self._common["socket_timeout"]),
+            connection_pool_class=functools.partial(
+                BlockingConnectionPool, timeout=self._common["socket_timeout"], queue_class=_FairQueue
+            ),
             max_connections=size,
             client_name=client_name,
             **self._common,
@@ -622,8 +652,8 @@ class RedisDriver:
         reply = self._eval("topic info", _INFO, topic, ())
         if not reply:
             return None
-        length, first, last, sealed = reply
-        return TopicInfo(topic, int(length), int(first), int(last), bool(sealed))
+        length, first, last, sealed, epoch = reply
+        return TopicInfo(topic, int(length), int(first), int(last), bool(sealed), epoch.decode())
 
     def trim(self, topic: str, keep_last: int) -> int:
         removed, first = self._eval("trim", _TRIM, topic, (keep_last,))

@@ -193,7 +193,7 @@ return {state[1], first, last, state[4] and 1 or 0, state[3] or '', records}
 """
 )
 
-#: Returns ``{}`` or ``{length, first, last, sealed}``.
+#: Returns ``{}`` or ``{length, first, last, sealed, epoch}``.
 INFO = (
     _COMMON
     + r"""
@@ -201,7 +201,7 @@ local meta, stream = KEYS[1], KEYS[2]
 local state = redis.call('HMGET', meta, 'e', 'l', 's')
 if not state[1] then return {} end
 local last = tonumber(state[2])
-return {redis.call('XLEN', stream), first_ordinal(stream, last), last, state[3] and 1 or 0}
+return {redis.call('XLEN', stream), first_ordinal(stream, last), last, state[3] and 1 or 0, state[1]}
 """
 )
 

@@ -22,8 +22,10 @@ Capability card
   ``poll_interval`` while at least one topic is watched (it sleeps on an event otherwise); a
   subscription re-reads on its own at least once a second in case a wake-up is missed.
 - Concurrency: one writer connection behind a lock plus a small pool of reader connections, so reads
-  are not held up by a writer's fsync. Under gevent every SQLite call runs in the hub's threadpool;
-  locks are taken in the calling greenlet.
+  are not held up by a writer's fsync. The lock and the pool serve their waiters in arrival order
+  (FIFO), so a ``seal()`` waiting behind appenders in a tight loop gets its turn, in threads and
+  under gevent. Under gevent every SQLite call runs in the hub's threadpool; locks are taken in the
+  calling greenlet.
 - Identity: the file's resolved absolute path, so cursors from one process resume in another.
 - Limits: one host (SQLite locking needs a local file system, not NFS); writes are serialised across
   all topics. Open a new backend after ``fork()`` rather than sharing one across it.
@@ -59,6 +61,7 @@ from ._connect import Options
 from ._contract import DurableStreamError, DurableStreamUnavailableError, TopicSealedError
 from ._cooperative import Wake, run_blocking
 from ._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
+from ._fair import FairLock, FairSemaphore
 
 __all__ = ["SqliteChangeFeed", "SqliteDriver", "open_driver"]
 
@@ -198,7 +201,7 @@ class _ReaderPool:
 
     def __init__(self, settings: _Settings, size: int) -> None:
         self._settings = settings
-        self._slots = threading.BoundedSemaphore(size)
+        self._slots = FairSemaphore(size)
         self._lock = threading.Lock()
         self._idle: list[sqlite3.Connection] = []
         self._closed = False
@@ -248,7 +251,9 @@ class SqliteDriver:
         self._max_records = settings.max_records
         self._max_age = settings.max_age
         self.identity = f"sqlite:{settings.path}"
-        self._write_lock = threading.Lock()
+        # Fair: with a plain lock under gevent, an appender in a tight loop re-takes it before the
+        # greenlet it woke runs, and a waiting seal() never gets it.
+        self._write_lock = FairLock()
         self._closed = False
         self._feeds: list[SqliteChangeFeed] = []
         self._feeds_lock = threading.Lock()
@@ -374,8 +379,8 @@ class SqliteDriver:
         row: _HeadRow | None = self._read("topic_info", lambda c: c.execute(_HEAD, (topic,)).fetchone())
         if row is None:
             return None
-        _, _, first, last, sealed = row
-        return TopicInfo(topic, last - first + 1, first, last, bool(sealed))
+        _, epoch, first, last, sealed = row
+        return TopicInfo(topic, last - first + 1, first, last, bool(sealed), epoch)
 
     def trim(self, topic: str, keep_last: int) -> int:
         def work(connection: sqlite3.Connection) -> int:

@@ -26,6 +26,39 @@ class RetentionContract(ContractBase):
         info = backend.admin.topic_info(topic_name)
         assert info is not None and info.sealed
 
+    def test_topic_info_epoch_is_stable_for_the_life_of_the_topic(
+        self, open_backend: Callable[..., DurableStreamBackend], backend: DurableStreamBackend, topic_name: str
+    ) -> None:
+        topic = backend.topic(topic_name)
+        topic.subscribe_from_tail().close()  # creates the topic, and with it the epoch, before any append
+        info = backend.admin.topic_info(topic_name)
+        assert info is not None
+        epoch = info.epoch
+        assert isinstance(epoch, str) and epoch
+        append_all(topic, payloads(5))
+        assert _epoch(backend, topic_name) == epoch
+        backend.admin.trim_topic(topic_name, keep_last=2)
+        assert _epoch(backend, topic_name) == epoch
+        topic.seal()
+        assert _epoch(backend, topic_name) == epoch
+        if not self.store_in_process:  # a memory store is private to its backend object
+            assert _epoch(open_backend(), topic_name) == epoch
+
+    def test_topic_info_epoch_changes_when_the_topic_is_deleted_and_recreated(
+        self, open_backend: Callable[..., DurableStreamBackend], backend: DurableStreamBackend, topic_name: str
+    ) -> None:
+        topic = backend.topic(topic_name)
+        append_all(topic, payloads(3))
+        first = _epoch(backend, topic_name)
+        assert backend.admin.delete_topic(topic_name)
+        assert backend.admin.topic_info(topic_name) is None
+        topic.append(b"again")
+        info = backend.admin.topic_info(topic_name)
+        assert info is not None and (info.length, info.last_ordinal) == (1, 1)
+        assert isinstance(info.epoch, str) and info.epoch and info.epoch != first
+        if not self.store_in_process:
+            assert _epoch(open_backend(), topic_name) == info.epoch
+
     def test_resume_from_a_trimmed_cursor_is_refused(
         self, backend: DurableStreamBackend, topic: DurableStreamTopic, topic_name: str
     ) -> None:
@@ -117,3 +150,9 @@ class RetentionContract(ContractBase):
         wait_until(expired, timeout=15, message="records older than max_age_seconds to be removed")
         assert time.monotonic() - started >= 0.5, "records were removed long before max_age_seconds"
         expect_cursor_unavailable(topic, cursor)
+
+
+def _epoch(backend: DurableStreamBackend, topic_name: str) -> str:
+    info = backend.admin.topic_info(topic_name)
+    assert info is not None
+    return info.epoch
