@@ -535,7 +535,8 @@ class RedisDriver:
         # them), and a short limit would only turn a lagging reader's hits into reads from Redis.
         max_age_hint = 60.0 if max_age is None else min(1.0, max_age / 4)
         # The feed's periodic check renews a mirrored head every sweep_interval; an older one is not used.
-        mirror_age = 3 * sweep_interval
+        # With key TTLs a topic can expire without a hint, so a mirror is trusted no longer than a record.
+        mirror_age = 3 * sweep_interval if max_age is None else min(3 * sweep_interval, max_age_hint)
         self._prefetch = Prefetch(max_age=max_age_hint, mirror_age=mirror_age) if prefetch else None
         self._name = f"durable-stream-{secrets.token_hex(3)}"
         self._feed_lock = threading.Lock()
