@@ -1,15 +1,22 @@
 """A small soak: scenarios 1 to 3 of ``python -m bench.soak`` through the same code, with small numbers
-and the same invariants (the full figures are in ``docs/reliability.md``)."""
+and the same invariants (the full figures are in ``docs/reliability.md``); and what the soak found."""
 
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from bench.soak import api_kill, celery_kill, storm
 from bench.soak.services import Services, services
+from tests.app.conftest import AppHarness
+from tests.app.test_events_sse import reconnect
+from tests.app.test_run_always_ends import assert_gone, ended, has_text, row, start_async
+from tests.app.test_service_api import slow_greeting
+from tests.support.redis_server import RedisServer
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +60,31 @@ def test_killing_an_api_worker_mid_stream_loses_and_repeats_nothing(found: Servi
     (result,) = table.data
     assert result["kills"] == 1 and result["clients cut"] >= 1 and result["finished"] == 10
     assert (result["lost"], result["duplicated"], result["reordered"]) == (0, 0, 0)
+
+
+def test_an_end_repaired_after_the_store_lost_the_run_is_not_shown_as_the_whole_run(
+    make_harness: Callable[..., AppHarness],
+) -> None:
+    """Found by the soak (store-restart, Redis without persistence, at-end-long).
+
+    The store restarts empty while the run's end is pending; the reaper then writes the end into a
+    new incarnation of the topic. A reader without ``Last-Event-ID`` must get 410 ``run_events_lost``
+    (the run's events are gone), not a 200 whose "whole run" is a synthetic ``workflow_started``
+    followed by ``workflow_finished``.
+    """
+    with RedisServer(appendonly=False) as store:
+        harness = make_harness(
+            DURABLE_STREAM_URL=f"{store.url}?key_prefix=lost:",
+            WORKFLOW_END_RETRY_DEADLINE=1,
+            WORKFLOW_REAPER_INTERVAL=0.5,
+        )
+        key = harness.create_app(slow_greeting(delay=0.02, tokens=400))["api_key"]
+        run = start_async(harness, key)
+        run_id = run["workflow_run_id"]
+        wait_until(lambda: has_text(harness, run_id), 30, "the run to stream")
+        store.kill()
+        wait_until(lambda: row(harness, run_id)["status"] == "failed", 20, "the worker to record the failure")
+        time.sleep(2.0)  # the store stays away past the worker's retry deadline: the end is pending
+        store.start()  # empty: no persistence
+        wait_until(lambda: ended(harness, run_id), 30, "the reaper to write the pending end")
+        assert_gone(reconnect(harness, key, run["task_id"], "u1"), "run_events_lost", run_id)
