@@ -44,8 +44,11 @@ class FaultStore(Protocol):
     def arm_end_kill(self) -> None:
         """Prepare to kill the store at runs' ends (before the runs start)."""
 
-    def kill_at_end(self, runs: int, timeout: float) -> None:
-        """Block until the store was killed at runs' ends (``runs`` of them, where that can be waited for)."""
+    def kill_at_end(self, runs: int, timeout: float) -> int:
+        """Block until the store was killed at runs' ends (``runs`` of them, where that can be waited for).
+
+        Returns how many runs' terminal writes are known to have been in flight at the kill.
+        """
 
     def close(self) -> None: ...
 
@@ -99,11 +102,12 @@ class RedisFaultStore:
                     return
                 tail = data[-len(TERMINAL_MARK) :]
 
-    def kill_at_end(self, runs: int, timeout: float) -> None:
+    def kill_at_end(self, runs: int, timeout: float) -> int:
         if not self._killed.wait(timeout):
             self._stop.set()
             raise TimeoutError("no run appended workflow_finished")
         self.server.kill()  # reaps the process and waits until the port is free
+        return 1  # the append that was seen; the other runs were somewhere near their ends
 
     def close(self) -> None:
         self._stop.set()
@@ -146,7 +150,7 @@ class PostgresFaultStore:
     def held(self) -> int:
         return int(self.server.psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'").strip())
 
-    def kill_at_end(self, runs: int, timeout: float) -> None:
+    def kill_at_end(self, runs: int, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while self.held() < runs:
             if time.monotonic() >= deadline:
@@ -156,7 +160,9 @@ class PostgresFaultStore:
             time.sleep(0.05)
         # Seals after the restart must not be held: the flag goes first (the held ones sleep on).
         self.server.psql("DELETE FROM public.soak_hold")
+        held = self.held()
         self.server.kill()
+        return held
 
     def close(self) -> None:
         self.server.destroy()

@@ -48,6 +48,7 @@ COLUMNS = [
     "outage (s)",
     "end retry deadline (s)",
     "runs",
+    "terminal writes cut",
     "ended",
     "ends",
     "resumed-ok",
@@ -84,6 +85,8 @@ def run(found: Services, directory: pathlib.Path, options: StoreRestartOptions) 
         notes=[
             f"Workflow: {options.tokens} text chunks {options.token_delay * 1000:g} ms apart "
             f"({expected_events(options.tokens)} events per run). App database: SQLite; broker: Redis (not killed).",
+            "'terminal writes cut': runs whose terminal write was in flight at the kill (Redis: the append "
+            "the MONITOR saw, the other runs being near their ends; PostgreSQL: seals held by the trigger).",
             "'max s to end': from the kill to the run's terminal row, sealed topic and written end.",
             "'resumed-ok': reconnects with Last-Event-ID that delivered exactly the stored events after it; "
             "'410s': clients stopped by a 410; 'skips': resumed streams that were not the stored suffix.",
@@ -138,11 +141,12 @@ def _case(
                 for index in range(options.runs)
             ]
             futures = [pool.submit(follower.follow) for follower in followers]
+            in_flight: int | str = "-"
             if variant == "mid-run":
                 wait_until(_mid_stream(followers, 20), 60, "every run to stream", interval=0.01)
                 store.kill()
             else:
-                store.kill_at_end(options.runs, timeout=60)
+                in_flight = store.kill_at_end(options.runs, timeout=60)
             killed_at = time.monotonic()
             time.sleep(outage)  # the outage itself
             store.start()
@@ -158,6 +162,7 @@ def _case(
                     "outage (s)": outage,
                     "end retry deadline (s)": end_deadline,
                     "503s": unavailable,
+                    "terminal writes cut": in_flight,
                 }
     finally:
         store.close()
