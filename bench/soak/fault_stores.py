@@ -33,6 +33,8 @@ TERMINAL_MARK = b"workflow_finished"
 
 class FaultStore(Protocol):
     name: str
+    #: Whether what was stored before a kill is there after the restart.
+    persistent: bool
 
     @property
     def url(self) -> str: ...
@@ -56,6 +58,7 @@ class FaultStore(Protocol):
 class RedisFaultStore:
     def __init__(self, *, appendonly: bool) -> None:
         self.name = "redis-aof" if appendonly else "redis"
+        self.persistent = appendonly
         self.server = RedisServer(appendonly=appendonly)
         self._killed = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -116,6 +119,7 @@ class RedisFaultStore:
 
 class PostgresFaultStore:
     name = "postgres"
+    persistent = True
 
     def __init__(self) -> None:
         self.server = PostgresServer()

@@ -37,7 +37,7 @@ from .fault_stores import fault_store
 from .report import Table
 from .services import Services
 from .stack import end_problems, run_ended, server_problems, soak_env, stored_events
-from .verify import ResumeCheck, canonical, check_resumes
+from .verify import ResumeCheck, canonical, check_resumes, compare, outcome_or_canonical
 from .workflows import expected_events, streaming_workflow
 
 STORES = ("redis", "redis-aof", "postgres")
@@ -156,7 +156,8 @@ def _case(
             unavailable = stack.statuses()[503]
             with connect(store.url) as backend:
                 ended_after = _wait_ended(stack, backend, runs, killed_at, options.deadline)
-                return _verify(stack, backend, key, runs, ended_after, label, table) | {
+                persistent = store.persistent
+                return _verify(stack, backend, key, runs, ended_after, label, table, persistent=persistent) | {
                     "store": store_name,
                     "variant": variant,
                     "outage (s)": outage,
@@ -194,6 +195,8 @@ def _verify(
     ended_after: dict[str, float],
     label: str,
     table: Table,
+    *,
+    persistent: bool,
 ) -> dict[str, Any]:
     resumes = ResumeCheck()
     late = {"whole": 0, "410": 0, "partial": 0}
@@ -211,6 +214,11 @@ def _verify(
             problems.append(f"its client: {followed.failure}")
         if not followed.finished and followed.gone is None:
             problems.append("its client neither received workflow_finished nor got a 410")
+        # A store without persistence lost what its clients had read before the restart: nothing to compare.
+        if persistent and followed.finished and followed.gone is None:
+            comparison = compare(followed.received, stored, key=outcome_or_canonical)
+            if not comparison.exact:
+                problems.append(f"its client's copy is not the stored run: {comparison}")
         resumes.add(check_resumes(followed, stored))
         outcome = _late_reader(stack, key, followed, stored)
         late[outcome] += 1
