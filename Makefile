@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-threads test-gevent bench run clean
+.PHONY: install lint test test-threads test-gevent bench soak run clean
 
 install: $(STAMP)
 
@@ -35,6 +35,11 @@ test-gevent: install
 bench: install
 	$(BIN)/python -m bench.redis
 	$(BIN)/python -m bench.postgres
+
+# The fault harness (not part of make test; about 12 minutes on 2 cores): real gunicorn gevent servers and
+# Celery workers, killed workers and stores, dropping and stalled clients. Tables in docs/reliability.md.
+soak: install
+	$(BIN)/python -m bench.soak
 
 run: install
 	bin/run

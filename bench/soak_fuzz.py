@@ -32,7 +32,8 @@ from tests.support.hostile import Case, generate_cases
 from tests.support.hostile_check import Report, run_cases
 from tests.support.hostile_target import FAST_WORKFLOW, build_target
 from tests.support.http_transport import Answer, HttpTransport
-from tests.support.processes import BIN, ROOT, process_env, running_gunicorn, running_worker
+from tests.support.processes import BIN, ROOT, process_env, running_worker
+from tests.support.served_stack import GunicornServer
 
 DEFAULT_CASES = 10_000
 DEFAULT_SEED = 20261201
@@ -45,9 +46,8 @@ def soak(database: str, count: int, seed: int, clients: int, work_dir: pathlib.P
     with app_database_uri(database, var_dir) as uri:
         env = base_env(var_dir, SQLALCHEMY_DATABASE_URI=uri)
         _create_tables(env)
-        with running_worker(env, var_dir / "worker.log"), running_gunicorn(env, var_dir) as base:
-            host, port = base.removeprefix("http://").split(":")
-            transport = HttpTransport(host, int(port))
+        with running_worker(env, var_dir / "worker.log"), GunicornServer(env, var_dir) as server:
+            transport = HttpTransport("127.0.0.1", server.port)
             config = AppConfig(**env)  # type: ignore[arg-type]
             target = build_target(
                 transport,
@@ -65,7 +65,7 @@ def soak(database: str, count: int, seed: int, clients: int, work_dir: pathlib.P
             started = time.perf_counter()
             report = run_cases(cases, deliver, Report(database), clients=clients)
             report.wall_time = time.perf_counter() - started
-        tracebacks = (var_dir / "gunicorn.log").read_text(errors="replace").count("Traceback (most recent call last)")
+        tracebacks = server.log_path.read_text(errors="replace").count("Traceback (most recent call last)")
     return report, tracebacks
 
 

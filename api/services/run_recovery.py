@@ -139,10 +139,12 @@ def repair_end(app: App, run: WorkflowRun) -> bool:
         return False
     if not run_store.claim_end_repair(run.id, REPAIR_HOLD):
         return False  # its finisher still retries it, or another party repairs it right now
+    # A run that recorded its topic's epoch had its workflow_started stored. If the topic is gone
+    # now (a store that restarted empty), a synthetic start would make the end look like the whole
+    # run to a reader; without it, the history visibly does not begin with the start (a 410).
+    started = started_event_of(app, run) if run.stream_epoch is None else None
     try:
-        write_end(
-            event_transport(), workflow_run_topic(app.mode, run.id), finished_event_of(run), started_event_of(app, run)
-        )
+        write_end(event_transport(), workflow_run_topic(app.mode, run.id), finished_event_of(run), started)
     except DurableStreamError as exc:
         logger.warning("run %s: its end is still pending: %s", run.id, exc)
         run_store.release_end_repair(run.id)

@@ -26,7 +26,7 @@ from tests.support.hostile import Case, Target, generate_cases
 from tests.support.hostile_check import Report, run_cases
 from tests.support.hostile_target import FAST_WORKFLOW, build_target
 from tests.support.http_transport import Answer, FlaskTransport, HttpRequest, HttpTransport
-from tests.support.processes import running_gunicorn
+from tests.support.served_stack import GunicornServer
 
 pytestmark = pytest.mark.parametrize("app_database", APP_DATABASES, indirect=True, scope="module")
 
@@ -331,9 +331,8 @@ def test_hostile_smoke_run(harness: AppHarness, target: Target, app_database: st
 def test_gunicorn_gevent_refuses_chunked_oversize_and_deep_bodies(
     harness: AppHarness, target: Target, module_env: dict[str, str], tmp_path: Any
 ) -> None:
-    with running_gunicorn(module_env, tmp_path, workers=1) as base:
-        host, port = base.removeprefix("http://").split(":")
-        transport = HttpTransport(host, int(port))
+    with GunicornServer(module_env, tmp_path, workers=1) as server:
+        transport = HttpTransport("127.0.0.1", server.port)
         try:
             path, credential, body = BODY_ENDPOINTS["run"](target)
             oversize = json.dumps({**body, "field": "a" * target.max_body_bytes})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import pathlib
 import signal
@@ -88,62 +87,6 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.kill()
         self._log.close()
-
-
-@contextlib.contextmanager
-def running_gunicorn(
-    env: Mapping[str, str], log_dir: pathlib.Path, workers: int = 2, access_log: pathlib.Path | None = None
-) -> Iterator[str]:
-    """``gunicorn -k gevent api.app:app`` on a free port; yields its base URL once it answers."""
-    port = free_port()
-    access = (
-        ["--access-logfile", str(access_log), "--access-logformat", "%(p)s %(m)s %(U)s %(s)s"] if access_log else []
-    )
-    log_path = log_dir / "gunicorn.log"
-    with open(log_path, "ab") as log:
-        server = subprocess.Popen(
-            [
-                str(BIN / "gunicorn"),
-                "-k",
-                "gevent",
-                "-w",
-                str(workers),
-                "-b",
-                f"127.0.0.1:{port}",
-                *access,
-                "api.app:app",
-            ],
-            cwd=ROOT,
-            env=process_env(env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            _wait_until_answering(server, port, log_path)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
-
-
-def _wait_until_answering(server: subprocess.Popen[bytes], port: int, log_path: pathlib.Path) -> None:
-    """Until a worker has loaded the app and answers (the master listens before its workers boot)."""
-    deadline = time.monotonic() + 60
-    while True:
-        if server.poll() is not None:
-            raise RuntimeError(f"gunicorn exited early:\n{log_path.read_text()[-3000:]}")
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        try:
-            connection.request("GET", "/")
-            connection.getresponse().read()
-            return
-        except (OSError, http.client.HTTPException):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"gunicorn did not answer:\n{log_path.read_text()[-3000:]}") from None
-            time.sleep(0.1)
-        finally:
-            connection.close()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,291 @@
+"""The app as it is deployed: real ``gunicorn -k gevent`` servers in front, real Celery workers behind.
+
+Used by the gevent resume test and by the fault harness (``python -m bench.soak``). Everything runs
+as child processes of the caller, configured only through the environment it is given::
+
+    with ServedStack(env, directory, servers=2, workers_per_server=1) as stack:
+        key = stack.create_app(definition)
+        requests.post(f"{stack.urls[0]}/v1/workflows/run", ...)
+
+An in-process Flask app on the same settings creates the tables before the processes race to, and
+reads what the processes wrote (run rows, topics) for the caller's checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import signal
+import subprocess
+import time
+import types
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, Self
+
+import psutil
+import requests
+from flask import Flask
+
+from tests.support.processes import BIN, ROOT, Worker, free_port, process_env
+
+#: gunicorn's access-log line: worker pid, method, path, status.
+ACCESS_LOG_FORMAT = "%(p)s %(m)s %(U)s %(s)s"
+
+
+class GunicornServer:
+    """One ``gunicorn -k gevent`` master serving ``api.app:app`` on a free loopback port."""
+
+    def __init__(self, env: Mapping[str, str], directory: pathlib.Path, *, workers: int = 2, name: str = "api") -> None:
+        self.env = dict(env)
+        self.workers = workers
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = directory / f"{name}.log"
+        self.access_log = directory / f"{name}-access.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    def start(self) -> Self:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115  (closed in stop())
+        self.process = subprocess.Popen(
+            [
+                str(BIN / "gunicorn"),
+                "-k",
+                "gevent",
+                "-w",
+                str(self.workers),
+                "-b",
+                f"127.0.0.1:{self.port}",
+                "--graceful-timeout",
+                "5",
+                # Every master would otherwise bind the one control socket in $HOME, the last one winning.
+                "--no-control-socket",
+                "--access-logfile",
+                str(self.access_log),
+                "--access-logformat",
+                ACCESS_LOG_FORMAT,
+                "api.app:app",
+            ],
+            cwd=ROOT,
+            env=process_env(self.env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def __enter__(self) -> Self:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until every worker is up and one of them answers a request."""
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gunicorn exited early:\n{self.log_tail()}")
+            if len(self.worker_pids()) >= self.workers:
+                try:
+                    requests.get(f"{self.url}/v1/workflows/run/x", timeout=2)
+                    return
+                except (requests.ConnectionError, requests.Timeout):
+                    pass
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"gunicorn did not become ready:\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    def worker_pids(self) -> list[int]:
+        """The live worker processes (the master's children)."""
+        if self.process is None or self.process.poll() is not None:
+            return []
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return [
+                child.pid
+                for child in psutil.Process(self.process.pid).children()
+                if child.status() != psutil.STATUS_ZOMBIE
+            ]
+        return []
+
+    def kill_worker(self, pid: int | None = None) -> int:
+        """SIGKILL one worker (not the master, which starts a new one); returns its pid."""
+        pid = pid if pid is not None else self.worker_pids()[0]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def served(self, path_fragment: str) -> Counter[str]:
+        """How many requests whose path contains ``path_fragment`` each worker pid answered."""
+        counts: Counter[str] = Counter()
+        with contextlib.suppress(FileNotFoundError):
+            for line in self.access_log.read_text().splitlines():
+                fields = line.split()
+                if len(fields) >= 3 and path_fragment in fields[2]:
+                    counts[fields[0]] += 1
+        return counts
+
+    def statuses(self) -> Counter[int]:
+        """HTTP status codes of every request in the access log."""
+        counts: Counter[int] = Counter()
+        with contextlib.suppress(FileNotFoundError):
+            for line in self.access_log.read_text().splitlines():
+                fields = line.split()
+                if len(fields) >= 4 and fields[-1].isdigit():
+                    counts[int(fields[-1])] += 1
+        return counts
+
+    def worker_timeouts(self) -> int:
+        """How often the master killed a worker that stopped reporting (its gevent hub was blocked)."""
+        with contextlib.suppress(FileNotFoundError):
+            return self.log_path.read_text(errors="replace").count("WORKER TIMEOUT")
+        return 0
+
+    def log_tail(self, size: int = 4000) -> str:
+        with contextlib.suppress(FileNotFoundError):
+            return self.log_path.read_text(errors="replace")[-size:]
+        return ""
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class ServedStack:
+    """``servers`` gunicorn masters (``workers_per_server`` gevent workers each) and Celery workers."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        directory: pathlib.Path,
+        *,
+        servers: int = 1,
+        workers_per_server: int = 2,
+        celery_workers: int = 1,
+        celery_concurrency: int = 8,
+    ) -> None:
+        self.env = dict(env)
+        self.directory = directory
+        self.servers = [
+            GunicornServer(self.env, directory, workers=workers_per_server, name=f"api-{index}")
+            for index in range(servers)
+        ]
+        self.celery: list[Worker] = []
+        self._celery_workers = celery_workers
+        self._celery_concurrency = celery_concurrency
+        self._app: Flask | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        return [server.url for server in self.servers]
+
+    @property
+    def app(self) -> Flask:
+        """An in-process app on the stack's settings (tables, run rows, topics)."""
+        if self._app is None:
+            from api.app_factory import create_app
+            from api.configs import AppConfig
+
+            self._app = create_app(AppConfig(**self.env))  # type: ignore[arg-type]
+        return self._app
+
+    def __enter__(self) -> Self:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.app  # noqa: B018  (creates the tables before the processes race to)
+            for _ in range(self._celery_workers):
+                self.start_worker(self._celery_concurrency, wait=False)
+            for server in self.servers:
+                server.start()
+            for worker in self.celery:
+                worker.wait_ready()
+            for server in self.servers:
+                server.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
+    ) -> None:
+        self.close()
+
+    def start_worker(self, concurrency: int | None = None, *, wait: bool = True) -> Worker:
+        log = self.directory / f"worker-{len(self.celery)}.log"
+        worker = Worker(self.env, log, concurrency or self._celery_concurrency)
+        self.celery.append(worker)
+        if wait:
+            worker.wait_ready()
+        return worker
+
+    def create_app(self, definition: Mapping[str, Any]) -> str:
+        """Store a workflow app; return its API key."""
+        from api.services import app_service
+
+        with self.app.app_context():
+            created = app_service.create_app(definition)
+            key: str = created.api_key
+            from api.extensions.ext_database import db
+
+            db.session.remove()
+            return key
+
+    def run_row(self, run_id: str) -> dict[str, Any] | None:
+        from api.extensions.ext_database import db
+        from api.models import WorkflowRun
+
+        with self.app.app_context():
+            try:
+                run = db.session.get(WorkflowRun, run_id)
+                if run is None:
+                    return None
+                return {column.name: getattr(run, column.name) for column in WorkflowRun.__table__.columns}
+            finally:
+                db.session.remove()
+
+    def statuses(self) -> Counter[int]:
+        """HTTP status codes of every request every server answered."""
+        counts: Counter[int] = Counter()
+        for server in self.servers:
+            counts.update(server.statuses())
+        return counts
+
+    def worker_timeouts(self) -> int:
+        return sum(server.worker_timeouts() for server in self.servers)
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.stop()
+        for worker in self.celery:
+            worker.stop()
+        if self._app is not None:
+            with self._app.app_context():
+                self._app.extensions["durable_stream"].close()
+                from api.extensions.ext_database import db
+
+                db.engine.dispose()
+            self._app = None
