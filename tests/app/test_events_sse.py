@@ -14,20 +14,8 @@ from api.core.app.apps.topics import workflow_run_topic
 from api.extensions.ext_durable_stream import durable_stream
 from tests.app.conftest import AppHarness
 from tests.app.test_service_api import slow_greeting, wait_for_status
+from tests.support.hostile_target import FAST_WORKFLOW as FAST
 from tests.support.sse import SseMessage, parse_sse
-
-FAST = {
-    "name": "Fast",
-    "mode": "workflow",
-    "graph": {
-        "nodes": [
-            {"id": "start", "type": "start", "variables": [{"name": "n", "required": True}]},
-            {"id": "t", "type": "template", "template": "run {{start.n}}"},
-            {"id": "end", "type": "end", "outputs": {"out": "{{t.output}}"}},
-        ],
-        "edges": [{"source": "start", "target": "t"}, {"source": "t", "target": "end"}],
-    },
-}
 
 
 def stream(response: Any, limit: int | None = None) -> list[SseMessage]:

@@ -6,19 +6,15 @@ reports what it measured; the assertions are made here.
 
 from __future__ import annotations
 
-import json
-import pathlib
-import subprocess
-import sys
 import textwrap
 import threading
 import time
 
 import pytest
 
-from .contract._base import blocked_in_wait, wait_until
+from tests.support.processes import run_script
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from .contract._base import blocked_in_wait, wait_until
 
 SCENARIOS = textwrap.dedent(
     """
@@ -101,17 +97,8 @@ SCENARIOS = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def report() -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", SCENARIOS],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    result["stderr"] = done.stderr
+    result, stderr = run_script(SCENARIOS)
+    result["stderr"] = stderr
     return result
 
 

@@ -6,10 +6,6 @@ assertions are made here (the test run itself need not be patched).
 
 from __future__ import annotations
 
-import json
-import pathlib
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -18,10 +14,9 @@ from collections.abc import Callable
 import pytest
 
 from api.core.durable_stream._fair import FairLock, FairSemaphore
+from tests.support.processes import run_script
 
 from .contract._base import wait_until
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _queued(semaphore: FairSemaphore, count: int) -> Callable[[], bool]:
@@ -203,16 +198,7 @@ GEVENT_SCENARIOS = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def gevent_report() -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", GEVENT_SCENARIOS],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    result, _ = run_script(GEVENT_SCENARIOS)
     return result
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
@@ -97,3 +99,16 @@ def running_worker(env: Mapping[str, str], log_path: pathlib.Path, concurrency: 
         yield worker
     finally:
         worker.stop()
+
+
+def run_script(script: str, timeout: float = 60) -> tuple[dict[str, Any], str]:
+    """Run ``script`` in a fresh interpreter (one that gevent may patch first, say) from the project root.
+
+    Returns the JSON object that its last line of output prints, and what it wrote to stderr.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report, done.stderr

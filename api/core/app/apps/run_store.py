@@ -152,30 +152,21 @@ def resume(run_id: str) -> str | None:
 
 
 def fail_if_lease_expired(run_id: str, error: str) -> bool:
-    now = time.time()
-    statement = (
-        update(WorkflowRun)
-        .where(
-            WorkflowRun.id == run_id,
-            WorkflowRun.status == RUNNING,
-            WorkflowRun.lease_expires_at.is_not(None),
-            WorkflowRun.lease_expires_at < now,
-        )
-        .values(**_ended(FAILED, error, None))
-    )
-    return _execute(statement) == 1
+    """Fail a running run whose worker stopped renewing its lease."""
+    expired = WorkflowRun.lease_expires_at.is_not(None), WorkflowRun.lease_expires_at < time.time()
+    return _fail_running(run_id, error, *expired)
 
 
 def fail_if_not_started(run_id: str, error: str, dispatched_before: float) -> bool:
     """Fail a run whose current attempt was queued before ``dispatched_before`` and never claimed."""
+    unclaimed = WorkflowRun.attempt_started_at.is_(None), WorkflowRun.dispatched_at < dispatched_before
+    return _fail_running(run_id, error, *unclaimed)
+
+
+def _fail_running(run_id: str, error: str, *conditions: Any) -> bool:
     statement = (
         update(WorkflowRun)
-        .where(
-            WorkflowRun.id == run_id,
-            WorkflowRun.status == RUNNING,
-            WorkflowRun.attempt_started_at.is_(None),
-            WorkflowRun.dispatched_at < dispatched_before,
-        )
+        .where(WorkflowRun.id == run_id, WorkflowRun.status == RUNNING, *conditions)
         .values(**_ended(FAILED, error, None))
     )
     return _execute(statement) == 1
