@@ -14,10 +14,14 @@ from typing import Any
 import pytest
 import redis
 
+from api.core.app.apps import run_store
+from api.core.app.apps.run_end import encode
 from api.core.app.apps.topics import workflow_run_topic
 from api.extensions.ext_database import db
 from api.extensions.ext_durable_stream import durable_stream
-from api.models import WorkflowRun
+from api.models import App, WorkflowRun
+from api.services import workflow_run_service
+from api.services.run_recovery import started_event_of
 from tests.app.conftest import AppHarness
 from tests.app.test_events_sse import events_of, reconnect, stream
 from tests.app.test_service_api import slow_greeting
@@ -313,9 +317,6 @@ def test_duplicate_and_stale_deliveries_run_nothing(harness: AppHarness) -> None
 
 
 def test_runs_survive_an_app_database_restart(make_harness: Callable[..., AppHarness]) -> None:
-    from api.models import App
-    from api.services import workflow_run_service
-
     with PostgresServer() as database:
         url = database.url.replace("postgresql://", "postgresql+psycopg://", 1)
         harness = make_harness(start_worker=False, SQLALCHEMY_DATABASE_URI=url, WORKFLOW_END_RETRY_DEADLINE=60)
@@ -378,3 +379,27 @@ def test_a_stream_store_that_is_down_answers_503_and_the_run_still_ends(
         wait_until(lambda: ended(harness, run_id), 30, "the reaper to write the pending end")
         events = assert_ended_visibly(harness, key, run_id)
         assert "event stream was unavailable" in events[-1]["data"]["error"]
+
+
+def test_a_reader_ends_with_the_rows_outcome_when_the_end_stays_pending(
+    make_harness: Callable[..., AppHarness],
+) -> None:
+    harness = make_harness(start_worker=False, WORKFLOW_END_RETRY_DEADLINE=1, WORKFLOW_LEASE_TTL=3)
+    key = harness.create_app("greeting")["api_key"]
+    run = start_async(harness, key)  # queued; no worker takes it
+    run_id = run["workflow_run_id"]
+    with harness.app.app_context():
+        run_row = db.session.get(WorkflowRun, run_id)
+        started = started_event_of(db.session.get(App, run_row.app_id), run_row)
+        durable_stream().topic(workflow_run_topic("workflow", run_id)).append(encode(started))
+        # As a finisher that recorded the outcome and died while it retried writing the end: no
+        # one may repair it for an hour, yet its readers must not wait that long.
+        assert run_store.finish(run_id, "failed", outputs=None, error="gone", steps=0, repair_after=time.time() + 3600)
+        db.session.remove()
+    opened = time.monotonic()
+    messages = stream(reconnect(harness, key, run["task_id"], "u1"))
+    assert time.monotonic() - opened < 10, "the reader waited past its grace period"
+    events = [m for m in messages if not m.is_ping]
+    assert [m.json["event"] for m in events] == ["workflow_started", "workflow_finished"]
+    assert events[-1].id is None and events[-1].json["data"]["status"] == "failed"
+    assert events[-1].json["data"]["error"] == "gone"
