@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: install
-	$(BIN)/ruff check api tests bench
-	$(BIN)/ruff format --check api tests bench
+	$(BIN)/ruff check api tests bench harness
+	$(BIN)/ruff format --check api tests bench harness
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 

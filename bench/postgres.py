@@ -33,7 +33,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
+from harness.services import POSTGRES_DSN
+
+DEFAULT_URL = POSTGRES_DSN
 PAYLOAD_SIZE = 200
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

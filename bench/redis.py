@@ -74,7 +74,7 @@ def _server(url: str | None) -> Iterator[str]:
         yield url
         return
     sys.path.insert(0, str(ROOT))
-    from tests.support.redis_server import RedisServer
+    from harness.redis_server import RedisServer
 
     # Room for the broadcast channel's fan-out, which holds one connection per subscription.
     with RedisServer(extra=["--maxclients", "15000"]) as server:

@@ -4,7 +4,7 @@ Run ``.venv/bin/python -m bench.soak_fuzz`` (``--cases N``, default 10,000 per d
 app database it starts what ``make run`` starts (``gunicorn -k gevent`` with two workers and a Celery
 worker, here on the Redis broker the tests use; PostgreSQL in a private schema of the ``test``
 database, dropped afterwards), makes genuine runs and resume tokens through the API, then sends the
-cases of :mod:`tests.support.hostile` from several client threads with http.client.
+cases of :mod:`harness.hostile` from several client threads with http.client.
 
 It prints a markdown table per database (case kind by answer status, 5xx, wrongly accepted, other
 problems), the wall time, and whether both databases answered every case the same; the exit status is
@@ -26,14 +26,14 @@ from collections.abc import Sequence
 from api.app_factory import create_app
 from api.configs import AppConfig
 from api.extensions.ext_database import db
-from tests.app.conftest import base_env
-from tests.support.app_database import APP_DATABASES, app_database_uri
-from tests.support.hostile import Case, generate_cases
-from tests.support.hostile_check import Report, run_cases
-from tests.support.hostile_target import FAST_WORKFLOW, build_target
-from tests.support.http_transport import Answer, HttpTransport
-from tests.support.processes import BIN, ROOT, process_env, running_worker
-from tests.support.served_stack import GunicornServer
+from harness.app_database import APP_DATABASES, app_database_uri
+from harness.app_env import base_env
+from harness.hostile import Case, generate_cases
+from harness.hostile_check import Report, run_cases
+from harness.hostile_target import FAST_WORKFLOW, build_target
+from harness.http_transport import Answer, HttpTransport
+from harness.processes import BIN, ROOT, process_env, running_worker
+from harness.served_stack import GunicornServer
 
 DEFAULT_CASES = 10_000
 DEFAULT_SEED = 20261201

@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from api.core.durable_stream import connect
-from tests.support.served_stack import GunicornServer, ServedStack
-from tests.support.sse_client import FollowedRun, Follower
-from tests.support.waiting import wait_until
+from harness.served_stack import GunicornServer, ServedStack
+from harness.sse_client import FollowedRun, Follower
+from harness.waiting import wait_until
 
 from .report import Table
 from .services import Services, stream_store

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from api.core.durable_stream import DurableStreamBackend, connect
-from tests.support.served_stack import ServedStack
-from tests.support.sse_client import Follower
-from tests.support.waiting import wait_until
+from harness.served_stack import ServedStack
+from harness.sse_client import Follower
+from harness.waiting import wait_until
 
 from .broker import queued_run_ids, unacked
 from .report import Table

@@ -5,7 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Callable, Sequence
 
-from tests.support.sse_client import FollowedRun
+from harness.sse_client import FollowedRun
 
 
 def follow_all(clients: Sequence[Callable[[], FollowedRun]], concurrency: int) -> list[FollowedRun]:

@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Protocol
 
-from tests.support.postgres_server import PostgresServer
-from tests.support.redis_server import RedisServer
+from harness.postgres_server import PostgresServer
+from harness.redis_server import RedisServer
 
 #: The schema the library uses on the private PostgreSQL server.
 SCHEMA = "soak"

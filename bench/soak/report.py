@@ -94,7 +94,7 @@ def machine() -> dict[str, Any]:
 
 
 def _pg_bin() -> pathlib.Path:
-    from tests.support.postgres_server import PG_BIN
+    from harness.postgres_server import PG_BIN
 
     return PG_BIN
 

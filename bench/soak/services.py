@@ -14,9 +14,10 @@ import pathlib
 import uuid
 from collections.abc import Iterator
 
-from tests.support.redis_server import RedisServer
+from harness.redis_server import RedisServer
+from harness.services import POSTGRES_URL
 
-SHARED_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+SHARED_POSTGRES = POSTGRES_URL
 
 
 @dataclasses.dataclass

@@ -30,10 +30,10 @@ from typing import Any
 
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import connect
-from tests.support.processes import ROOT, process_env
-from tests.support.served_stack import ServedStack
-from tests.support.sse import parse_sse
-from tests.support.sse_client import Connection, read_run
+from harness.processes import ROOT, process_env
+from harness.served_stack import ServedStack
+from harness.sse import parse_sse
+from harness.sse_client import Connection, read_run
 
 from .report import Table, percentile
 from .services import Services, stream_store

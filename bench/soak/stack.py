@@ -9,8 +9,8 @@ from typing import Any
 
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, DurableStreamBackend
-from tests.app.conftest import base_env
-from tests.support.served_stack import ServedStack
+from harness.app_env import base_env
+from harness.served_stack import ServedStack
 
 from .services import Services
 

@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from api.core.durable_stream import DurableStreamBackend, connect
-from tests.support.served_stack import ServedStack
-from tests.support.sse_client import FollowedRun, Follower, read_run
-from tests.support.waiting import wait_until
+from harness.served_stack import ServedStack
+from harness.sse_client import FollowedRun, Follower, read_run
+from harness.waiting import wait_until
 
 from .fault_stores import fault_store
 from .report import Table

@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from api.core.durable_stream import DurableStreamBackend, connect
-from tests.support.served_stack import ServedStack
-from tests.support.sse_client import FollowedRun, Follower, random_cuts
+from harness.served_stack import ServedStack
+from harness.sse_client import FollowedRun, Follower, random_cuts
 
 from .crowd import follow_all
 from .report import Table

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tests.support.sse_client import Connection, FollowedRun
+from harness.sse_client import Connection, FollowedRun
 
 Event = dict[str, Any]
 

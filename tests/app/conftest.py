@@ -23,27 +23,9 @@ from api.configs import AppConfig
 from api.core.app.apps.topics import workflow_run_topic
 from api.extensions.ext_database import db
 from api.extensions.ext_durable_stream import durable_stream
-from tests.support.app_database import app_database_uri
-from tests.support.processes import ROOT, Worker, running_worker
-
-BROKER_URL = "redis://127.0.0.1:6379/0"
-
-
-def base_env(var_dir: pathlib.Path, **overrides: Any) -> dict[str, str]:
-    env = {
-        "VAR_DIR": str(var_dir),
-        "SQLALCHEMY_DATABASE_URI": f"sqlite:///{var_dir / 'app.db'}",
-        "DURABLE_STREAM_URL": f"sqlite:///{var_dir / 'streams.db'}",
-        "CELERY_BROKER_URL": BROKER_URL,
-        "CELERY_QUEUE": f"test-{uuid.uuid4().hex[:12]}",
-        "WORKFLOW_LLM_TOKEN_DELAY": "0.001",
-        "WORKFLOW_LEASE_TTL": "3",
-        "WORKFLOW_STOP_CHECK_INTERVAL": "0.05",
-        "APP_MAX_EXECUTION_TIME": "120",
-        "SECRET_KEY": "test-secret",
-    }
-    env.update({key: str(value) for key, value in overrides.items()})
-    return env
+from harness.app_database import app_database_uri
+from harness.app_env import base_env
+from harness.processes import ROOT, Worker, running_worker
 
 
 class AppHarness:

@@ -6,19 +6,18 @@ from collections.abc import Callable
 
 import pytest
 
+from harness.services import redis_url
+from harness.sse import parse_sse
 from tests.app.conftest import AppHarness
 from tests.app.test_events_sse import events_of, reconnect, run_streaming, stream
 from tests.app.test_service_api import slow_greeting
-from tests.support.sse import parse_sse
 
 
 @pytest.mark.parametrize("kind", ["pubsub", "sharded", "streams"])
 def test_workflows_run_end_to_end_over_the_broadcast_channel(
     make_harness: Callable[..., AppHarness], kind: str
 ) -> None:
-    harness = make_harness(
-        EVENT_BUS_TRANSPORT="broadcast_channel", REDIS_URL="redis://127.0.0.1:6379/0", BROADCAST_CHANNEL_TYPE=kind
-    )
+    harness = make_harness(EVENT_BUS_TRANSPORT="broadcast_channel", REDIS_URL=redis_url(0), BROADCAST_CHANNEL_TYPE=kind)
     key = harness.create_app("greeting")["api_key"]
 
     messages = run_streaming(harness, key, {"name": "Ada"})
@@ -36,7 +35,7 @@ def test_workflows_run_end_to_end_over_the_broadcast_channel(
 
 
 def test_a_broadcast_reconnect_is_live_only(make_harness: Callable[..., AppHarness]) -> None:
-    harness = make_harness(EVENT_BUS_TRANSPORT="broadcast_channel", REDIS_URL="redis://127.0.0.1:6379/0")
+    harness = make_harness(EVENT_BUS_TRANSPORT="broadcast_channel", REDIS_URL=redis_url(0))
     key = harness.create_app(slow_greeting(delay=0.01, tokens=150))["api_key"]
     first = harness.client.post(
         "/v1/workflows/run",

@@ -30,7 +30,7 @@ from api.core.durable_stream import (
     connect,
 )
 from api.core.workflow.events import make_event
-from tests.support.redis_server import RedisServer
+from harness.redis_server import RedisServer
 
 TOPIC = "workflow:workflow_run:run"
 RUN = RunIdentity(app_id="app", task_id="task", workflow_run_id="run", created_at=time.time())

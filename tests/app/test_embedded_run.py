@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from tests.support.processes import BIN, ROOT, free_port, process_env
+from harness.processes import BIN, ROOT, free_port, process_env
 
 
 @pytest.fixture

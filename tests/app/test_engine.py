@@ -11,7 +11,7 @@ import pytest
 
 from api.core.workflow import Graph, WorkflowDefinitionError, WorkflowEngine
 from api.core.workflow.engine import ResumePoint
-from tests.support.processes import ROOT
+from harness.processes import ROOT
 
 GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())["graph"]
 

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from api.core.app.apps.topics import workflow_run_topic
 from api.extensions.ext_durable_stream import durable_stream
+from harness.hostile_target import FAST_WORKFLOW as FAST
+from harness.sse import SseMessage, parse_sse
 from tests.app.conftest import AppHarness
 from tests.app.test_service_api import slow_greeting, wait_for_status
-from tests.support.hostile_target import FAST_WORKFLOW as FAST
-from tests.support.sse import SseMessage, parse_sse
 
 
 def stream(response: Any, limit: int | None = None) -> list[SseMessage]:

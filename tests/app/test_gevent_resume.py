@@ -15,10 +15,11 @@ import pytest
 
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, connect
-from tests.app.conftest import base_env
+from harness.app_env import base_env
+from harness.served_stack import ServedStack
+from harness.services import redis_url
+from harness.sse_client import FollowedRun, Follower
 from tests.app.test_service_api import slow_greeting
-from tests.support.served_stack import ServedStack
-from tests.support.sse_client import FollowedRun, Follower
 
 RUNS = 6
 DISCONNECTS_PER_RUN = 4
@@ -27,7 +28,7 @@ DISCONNECTS_PER_RUN = 4
 def stream_urls(tmp: pathlib.Path) -> dict[str, str]:
     return {
         "sqlite": f"sqlite:///{tmp / 'streams.db'}",
-        "redis": f"redis://127.0.0.1:6379/0?key_prefix=gevent-{uuid.uuid4().hex[:8]}:",
+        "redis": redis_url(0, f"key_prefix=gevent-{uuid.uuid4().hex[:8]}:"),
     }
 
 

@@ -3,7 +3,7 @@
 Every test runs once per app database. The regression tests send the requests that used to fail
 (a 1,000-deep body: RecursionError; NUL or 256 characters where PostgreSQL stores a string:
 DataError) and spell out the answer each must get; the smoke test sends a few hundred generated
-cases (:mod:`tests.support.hostile`) and compares the answers of the two databases case by case.
+cases (:mod:`harness.hostile`) and compares the answers of the two databases case by case.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from sqlalchemy import select
 
 from api.extensions.ext_database import db
 from api.models import App, WorkflowRun
+from harness.app_database import APP_DATABASES
+from harness.hostile import Case, Target, generate_cases
+from harness.hostile_check import Report, run_cases
+from harness.hostile_target import FAST_WORKFLOW, build_target
+from harness.http_transport import Answer, FlaskTransport, HttpRequest, HttpTransport
+from harness.served_stack import GunicornServer
 from tests.app.conftest import AppHarness
-from tests.support.app_database import APP_DATABASES
-from tests.support.hostile import Case, Target, generate_cases
-from tests.support.hostile_check import Report, run_cases
-from tests.support.hostile_target import FAST_WORKFLOW, build_target
-from tests.support.http_transport import Answer, FlaskTransport, HttpRequest, HttpTransport
-from tests.support.served_stack import GunicornServer
 
 pytestmark = pytest.mark.parametrize("app_database", APP_DATABASES, indirect=True, scope="module")
 

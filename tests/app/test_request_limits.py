@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from api.configs import AppConfig
 from api.libs.request_limits import RequestJSONProvider, json_too_deep
 from api.services.errors import InvalidParamError
-from tests.support.processes import ROOT, process_env
+from harness.processes import ROOT, process_env
 
 # Characters that matter to a scan that must know where strings are.
 _TRICKY = st.text(alphabet=st.sampled_from(list('[]{}"\\/,:ab \n\té\u2028\ud800')), max_size=12)

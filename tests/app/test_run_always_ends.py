@@ -22,16 +22,17 @@ from api.extensions.ext_durable_stream import durable_stream
 from api.models import App, WorkflowRun
 from api.services import workflow_run_service
 from api.services.run_recovery import started_event_of
+from harness.postgres_server import PostgresServer
+from harness.processes import Worker
+from harness.redis_server import RedisServer
+from harness.services import redis_url
+from harness.waiting import wait_until
 from tests.app.conftest import AppHarness
 from tests.app.test_events_sse import events_of, reconnect, stream
 from tests.app.test_service_api import slow_greeting
-from tests.support.postgres_server import PostgresServer
-from tests.support.processes import Worker
-from tests.support.redis_server import RedisServer
-from tests.support.waiting import wait_until
 
 #: A Redis database of its own, so that the broker's "unacked" bookkeeping can be read exactly.
-KILL_BROKER_URL = "redis://127.0.0.1:6379/2"
+KILL_BROKER_URL = redis_url(2)
 
 
 def row(harness: AppHarness, run_id: str) -> dict[str, Any]:

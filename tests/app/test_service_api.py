@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from harness.app_database import APP_DATABASES
+from harness.processes import ROOT
 from tests.app.conftest import AppHarness
-from tests.support.app_database import APP_DATABASES
-from tests.support.processes import ROOT
 
 # Every test once on SQLite and once on PostgreSQL (a private schema): the API answers the same on both.
 pytestmark = pytest.mark.parametrize("app_database", APP_DATABASES, indirect=True, scope="module")
@@ -276,7 +276,7 @@ def test_an_engine_that_raises_ends_the_run_failed_and_sealed(harness: AppHarnes
 
 
 def test_a_listener_going_away_does_not_cancel_the_run(harness: AppHarness) -> None:
-    from tests.support.sse import parse_sse
+    from harness.sse import parse_sse
 
     key = harness.create_app(slow_greeting(delay=0.005, tokens=200))["api_key"]
     response = harness.client.post(

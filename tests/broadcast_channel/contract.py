@@ -2,7 +2,7 @@
 
 A variant's test module subclasses :class:`BroadcastChannelContract` and implements the two hooks.
 Everything runs against real Redis servers: the shared one at 127.0.0.1:6379 for the behaviour
-tests, and a private ``redis-server`` (from :mod:`tests.support.redis_server`) that the outage
+tests, and a private ``redis-server`` (from :mod:`harness.redis_server`) that the outage
 test kills. Every test uses fresh uuid topic names, and waits with deadlines rather than sleeps.
 """
 
@@ -31,7 +31,9 @@ from api.core.broadcast_channel import (
     SubscriptionClosedError,
     Topic,
 )
-from tests.support.redis_server import RedisServer, redis_available
+from harness.redis_server import RedisServer, redis_available
+from harness.services import REDIS_HOST, REDIS_PORT
+from harness.waiting import wait_until
 
 __all__ = [
     "KEY_PREFIX",
@@ -45,8 +47,8 @@ __all__ = [
     "wait_until",
 ]
 
-SHARED_REDIS_HOST = "127.0.0.1"
-SHARED_REDIS_PORT = 6379
+SHARED_REDIS_HOST = REDIS_HOST
+SHARED_REDIS_PORT = REDIS_PORT
 # One prefix per run keeps this suite's channels and keys apart from anyone else's on the shared server.
 KEY_PREFIX = f"bctest-{uuid.uuid4().hex[:8]}:"
 
@@ -61,17 +63,6 @@ T = TypeVar("T")
 
 def unique_name() -> str:
     return f"topic-{uuid.uuid4().hex}"
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = ARRIVAL_DEADLINE, what: str = "condition") -> None:
-    """Poll ``predicate`` until it holds; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout
-    tick = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        # Event.wait rather than time.sleep so gevent's patched primitives yield to other greenlets.
-        tick.wait(0.002)
 
 
 def receive_n(subscription: Subscription, count: int, timeout: float = ARRIVAL_DEADLINE) -> list[bytes]:
@@ -163,7 +154,7 @@ def _race_once(channel: BroadcastChannel, iteration: int, prefill: int) -> None:
 
     publisher = Background(publish_forever)
     try:
-        wait_until(lambda: len(log) >= 3, what="the publisher to get going")
+        wait_until(lambda: len(log) >= 3, ARRIVAL_DEADLINE, what="the publisher to get going")
         subscription = topic.subscribe()
         before_enter = time.monotonic()
         subscription.__enter__()
@@ -340,7 +331,7 @@ class BroadcastChannelContract:
             readers = [Background(functools.partial(drain, into)) for into in collected]
             for seq in range(total):
                 topic.publish(b"%d" % seq)
-            wait_until(lambda: sum(map(len, collected)) >= total, what="all payloads to be received")
+            wait_until(lambda: sum(map(len, collected)) >= total, ARRIVAL_DEADLINE, what="all payloads to be received")
             subscription.close()
             for reader in readers:
                 reader.join()
@@ -451,7 +442,7 @@ class BroadcastChannelContract:
             iterated: list[bytes] = []
             iterator = Background(lambda: iterated.extend(subscription))
             topic.publish(b"x")
-            wait_until(lambda: iterated == [b"x"], what="the iterating thread to receive")
+            wait_until(lambda: iterated == [b"x"], ARRIVAL_DEADLINE, what="the iterating thread to receive")
             closed_at = time.monotonic()
             subscription.close()
             iterator.join()

@@ -9,8 +9,9 @@ import pytest
 import redis
 
 from api.core.broadcast_channel import BroadcastChannel, create_broadcast_channel
+from harness.waiting import wait_until
 
-from .contract import ARRIVAL_DEADLINE, KEY_PREFIX, BroadcastChannelContract, unique_name, wait_until
+from .contract import ARRIVAL_DEADLINE, KEY_PREFIX, BroadcastChannelContract, unique_name
 
 
 class TestRedisPubSub(BroadcastChannelContract):
@@ -33,7 +34,9 @@ class TestRedisPubSub(BroadcastChannelContract):
             # A plain PUBLISH from outside the package reaches the subscription too.
             self.shared_redis.publish(channel, b"external")
             assert subscription.receive(timeout=ARRIVAL_DEADLINE) == b"external"
-        wait_until(lambda: self._subscribers(channel) == 0, what="the server to drop the subscription")
+        wait_until(
+            lambda: self._subscribers(channel) == 0, ARRIVAL_DEADLINE, what="the server to drop the subscription"
+        )
 
     def test_closing_restores_the_clients_retry_policy(self) -> None:
         expected = self.shared_redis.get_retry()

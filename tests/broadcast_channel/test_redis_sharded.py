@@ -7,8 +7,9 @@ from typing import Any
 import redis
 
 from api.core.broadcast_channel import BroadcastChannel, create_broadcast_channel
+from harness.waiting import wait_until
 
-from .contract import ARRIVAL_DEADLINE, KEY_PREFIX, BroadcastChannelContract, unique_name, wait_until
+from .contract import ARRIVAL_DEADLINE, KEY_PREFIX, BroadcastChannelContract, unique_name
 
 
 class TestRedisSharded(BroadcastChannelContract):
@@ -35,4 +36,6 @@ class TestRedisSharded(BroadcastChannelContract):
             self.shared_redis.spublish(channel, b"sharded")
             assert subscription.receive(timeout=ARRIVAL_DEADLINE) == b"sharded"
             assert subscription.receive(timeout=0.2) is None
-        wait_until(lambda: self._shard_subscribers(channel) == 0, what="the server to drop the subscription")
+        wait_until(
+            lambda: self._shard_subscribers(channel) == 0, ARRIVAL_DEADLINE, what="the server to drop the subscription"
+        )

@@ -10,6 +10,7 @@ from api.core.broadcast_channel import (
     BroadcastChannelUnavailableError,
     create_broadcast_channel,
 )
+from harness.waiting import wait_until
 
 from .contract import (
     ARRIVAL_DEADLINE,
@@ -18,7 +19,6 @@ from .contract import (
     assert_enter_race,
     receive_n,
     unique_name,
-    wait_until,
 )
 
 # Short enough that anything a test leaves behind on the shared server disappears on its own.
@@ -57,7 +57,7 @@ class TestRedisStreams(BroadcastChannelContract):
         with topic.subscribe() as subscription:
             topic.publish(b"before-expiry")
             assert subscription.receive(timeout=ARRIVAL_DEADLINE) == b"before-expiry"
-            wait_until(lambda: not self.shared_redis.exists(key), timeout=5, what="the stream to expire")
+            wait_until(lambda: not self.shared_redis.exists(key), 5, what="the stream to expire")
             # The recreated stream's IDs are newer than the subscription's position.
             topic.publish(b"after-expiry")
             assert subscription.receive(timeout=ARRIVAL_DEADLINE) == b"after-expiry"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from api.core.durable_stream import DurableStreamBackend, connect
-from tests.support.redis_server import RedisClusterProcess, redis_available
+from harness.redis_server import RedisClusterProcess, redis_available
 
 from .contract import DurableStreamContract
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.support.processes import run_script
+from harness.processes import run_script
 
 from .contract._base import blocked_in_wait, wait_until
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from api.core.durable_stream._fair import FairLock, FairSemaphore
-from tests.support.processes import run_script
+from harness.processes import run_script
 
 from .contract._base import wait_until
 

@@ -30,8 +30,8 @@ from api.core.durable_stream import (
     connect,
 )
 from api.core.durable_stream._cursor import CursorCodec
+from harness.postgres_server import PostgresServer, postgres_available
 from tests.durable_stream.contract._base import blocked_in_wait, wait_until
-from tests.support.postgres_server import PostgresServer, postgres_available
 
 pytestmark = pytest.mark.skipif(not postgres_available(), reason="PostgreSQL server binaries are not installed")
 

@@ -35,7 +35,7 @@ from api.core.durable_stream._cooperative import gevent_active, new_wake
 from api.core.durable_stream._driver import Position
 from api.core.durable_stream._redis import RedisDriver
 from api.core.durable_stream._redis_feed import Feed
-from tests.support.redis_server import RedisServer, free_port, redis_available
+from harness.redis_server import RedisServer, free_port, redis_available
 
 from .contract._base import blocked_in_wait, closing_all, drain, drain_until_closed, payloads, wait_until
 

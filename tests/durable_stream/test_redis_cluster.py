@@ -18,7 +18,7 @@ from api.core.durable_stream import (
     connect,
 )
 from api.core.durable_stream._redis import RedisDriver
-from tests.support.redis_server import RedisClusterProcess, RedisServer, redis_available
+from harness.redis_server import RedisClusterProcess, RedisServer, redis_available
 
 from .contract._base import drain, payloads, wait_until
 

@@ -22,7 +22,7 @@ from api.core.durable_stream import (
     TopicSealedError,
     connect,
 )
-from tests.support.redis_server import RedisServer, free_port, redis_available
+from harness.redis_server import RedisServer, free_port, redis_available
 
 from .contract._base import blocked_in_wait, drain, drain_until_closed, wait_until
 

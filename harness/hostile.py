@@ -4,7 +4,7 @@ Built from genuine material (:class:`Target`: keys, passports, finished runs and
 so that a mutation is one step away from something the server does accept: a token with one bit
 flipped, one character inserted or re-encoded in the standard alphabet; a genuine id with NUL; a body
 one level deeper than the limit. Every case says which statuses and error codes are right and
-whether a 2xx would be a wrong acceptance; :mod:`tests.support.hostile_check` judges the answers.
+whether a 2xx would be a wrong acceptance; :mod:`harness.hostile_check` judges the answers.
 
 Case ``index`` seeds its own random generator, so the same seed and count give the same kinds and
 mutations against any target (two databases get comparable case lists).
@@ -20,7 +20,7 @@ import string
 from collections.abc import Callable
 from urllib.parse import quote
 
-from tests.support.http_transport import HttpRequest
+from harness.http_transport import HttpRequest
 
 __all__ = ["KINDS", "Case", "Expect", "GenuineRun", "Target", "generate_cases"]
 

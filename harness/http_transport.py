@@ -20,7 +20,7 @@ from flask.testing import FlaskClient
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
-from tests.support.sse import SseMessage, parse_sse
+from harness.sse import SseMessage, parse_sse
 
 __all__ = ["Answer", "FlaskTransport", "HttpRequest", "HttpTransport", "Transport"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.support.hostile import GenuineRun, Target
-from tests.support.http_transport import HttpRequest, Transport
+from harness.hostile import GenuineRun, Target
+from harness.http_transport import HttpRequest, Transport
 
 __all__ = ["FAST_WORKFLOW", "build_target"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import requests
 
-from tests.support.sse import SseMessage, parse_sse
+from harness.sse import SseMessage, parse_sse
 
 #: (connect, read) timeouts; the server pings idle streams, so a long read timeout means a hang.
 TIMEOUTS = (10.0, 60.0)

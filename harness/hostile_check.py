@@ -7,8 +7,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.support.hostile import Case
-from tests.support.http_transport import Answer
+from harness.hostile import Case
+from harness.http_transport import Answer
 
 __all__ = ["NO_ANSWER", "Report", "run_cases", "status_label", "verdict"]
 

@@ -9,10 +9,12 @@ from collections.abc import Iterator
 
 import psycopg
 
+from harness.services import POSTGRES_DSN, postgres_dsn
+
 __all__ = ["APP_DATABASES", "POSTGRES_ADMIN_URL", "app_database_uri", "private_postgres_schema"]
 
 APP_DATABASES = ("sqlite", "postgresql")
-POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
+POSTGRES_ADMIN_URL = POSTGRES_DSN
 
 
 @contextlib.contextmanager
@@ -22,7 +24,7 @@ def private_postgres_schema() -> Iterator[str]:
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
         connection.execute(f'CREATE SCHEMA "{schema}"')
     try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
+        yield postgres_dsn("postgresql+psycopg", f"options=-csearch_path%3D{schema}")
     finally:
         with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
             connection.execute(f'DROP SCHEMA "{schema}" CASCADE')

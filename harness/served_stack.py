@@ -28,7 +28,7 @@ import psutil
 import requests
 from flask import Flask
 
-from tests.support.processes import BIN, ROOT, Worker, free_port, process_env
+from harness.processes import BIN, ROOT, Worker, free_port, process_env
 
 #: gunicorn's access-log line: worker pid, method, path, status.
 ACCESS_LOG_FORMAT = "%(p)s %(m)s %(U)s %(s)s"
