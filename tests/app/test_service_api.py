@@ -13,6 +13,7 @@ import pytest
 
 from harness.app_database import APP_DATABASES
 from harness.processes import ROOT
+from harness.waiting import wait_until
 from tests.app.conftest import AppHarness
 
 # Every test once on SQLite and once on PostgreSQL (a private schema): the API answers the same on both.
@@ -164,9 +165,10 @@ def test_stop_a_running_run(harness: AppHarness) -> None:
     assert stopped.status_code == 200 and stopped.json == {"result": "success"}
     detail = wait_for_status(harness, key, run["workflow_run_id"], "u1", {"stopped"}, timeout=15)
     assert detail["error"] == "stopped by user"
+    # The row is written before the end is appended and the topic sealed: wait for the seal.
+    wait_until(lambda: harness.topic_info(run["workflow_run_id"]).sealed, 10, "the stopped run's topic to be sealed")
     events = harness.events(run["workflow_run_id"])
     assert events[-1]["event"] == "workflow_finished" and events[-1]["data"]["status"] == "stopped"
-    assert harness.topic_info(run["workflow_run_id"]).sealed
     again = harness.post(f"/v1/workflows/tasks/{run['task_id']}/stop", key, {"user": "u1"})
     assert again.status_code == 200  # idempotent
 
@@ -186,10 +188,11 @@ def test_pause_and_resume_with_human_input(harness: AppHarness, greeting: dict[s
     assert ok.status_code == 200 and ok.json["task_id"] == paused["task_id"]
     detail = wait_for_status(harness, key, run_id, "u2", {"succeeded"})
     assert detail["outputs"]["greeting"].endswith("(approved: true)")
+    wait_until(lambda: harness.topic_info(run_id).sealed, 10, "the resumed run's topic to be sealed")
     events = harness.events(run_id)
     names = [e["event"] for e in events]
     assert names.count("workflow_started") == 1 and names.count("workflow_paused") == 1
-    assert names[-1] == "workflow_finished" and harness.topic_info(run_id).sealed
+    assert names[-1] == "workflow_finished"
     late = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u2", "inputs": {"approved": True}})
     assert late.status_code == 409 and late.json["code"] == "workflow_not_paused"
 
