@@ -46,8 +46,8 @@ def _register_commands(app: Flask) -> None:
     @click.option("--file", "path", required=True, type=click.Path(exists=True, dir_okay=False))
     def create_app_command(path: str) -> None:
         """Create an app from a workflow definition file and print its id and API key."""
+        from api.libs.errors import ServiceError
         from api.services import app_service
-        from api.services.errors import ServiceError
 
         definition = json.loads(pathlib.Path(path).read_text())
         try:

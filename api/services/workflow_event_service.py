@@ -20,15 +20,15 @@ from api.core.app.apps.message_generator import (
     terminal_events,
 )
 from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, DurableStreamError, TopicCursor
-from api.extensions.ext_database import db
 from api.extensions.ext_event_bus import event_transport
 from api.libs import sse
+from api.libs.errors import GoneError, InvalidParamError, ServiceUnavailableError
 from api.libs.resume_token import InvalidResumeTokenError, ResumeTokenCodec
 from api.models import App, WorkflowRun
+from api.models.engine import db
 
 from . import run_recovery
 from . import workflow_run_service as runs
-from .errors import GoneError, InvalidParamError, ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
 

@@ -17,12 +17,18 @@ from api.core.durable_stream import CLOSED, DurableStreamError
 from api.core.workflow import Graph
 from api.core.workflow.errors import NodeRunError
 from api.core.workflow.nodes import validate_form
-from api.extensions.ext_database import db
 from api.extensions.ext_event_bus import event_transport
+from api.libs.errors import (
+    ConflictError,
+    InvalidParamError,
+    NotFoundError,
+    RunWaitTimeoutError,
+    ServiceUnavailableError,
+)
 from api.models import App, WorkflowRun, WorkflowRunStatus
+from api.models.engine import db
 
 from . import run_recovery
-from .errors import ConflictError, InvalidParamError, NotFoundError, RunWaitTimeoutError, ServiceUnavailableError
 from .validation import could_be_our_id, require_user
 
 RESPONSE_MODES = ("blocking", "async", "streaming")

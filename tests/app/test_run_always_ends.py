@@ -17,9 +17,9 @@ import redis
 from api.core.app.apps import run_store
 from api.core.app.apps.run_end import encode
 from api.core.app.apps.topics import workflow_run_topic
-from api.extensions.ext_database import db
 from api.extensions.ext_durable_stream import durable_stream
 from api.models import App, WorkflowRun
+from api.models.engine import db
 from api.services import workflow_run_service
 from api.services.run_recovery import started_event_of
 from harness.postgres_server import PostgresServer

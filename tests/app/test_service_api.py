@@ -229,8 +229,8 @@ def test_watchdog_timeout_stops_the_run(make_harness: Callable[..., AppHarness])
 
 
 def test_a_killed_worker_is_caught_by_the_lease(make_harness: Callable[..., AppHarness]) -> None:
-    from api.extensions.ext_database import db
     from api.models import App, WorkflowRun
+    from api.models.engine import db
     from api.services import run_recovery
 
     ttl = 3.0

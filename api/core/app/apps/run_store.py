@@ -25,8 +25,8 @@ from typing import Any
 
 from sqlalchemy import or_, select, update
 
-from api.extensions.ext_database import db
 from api.models import WorkflowRun, WorkflowRunStatus
+from api.models.engine import db
 
 RUNNING = WorkflowRunStatus.RUNNING.value
 PAUSED = WorkflowRunStatus.PAUSED.value

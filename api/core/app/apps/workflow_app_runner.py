@@ -21,9 +21,9 @@ from api.configs import AppConfig
 from api.core.durable_stream import DurableStreamError
 from api.core.workflow import Graph, WorkflowEngine
 from api.core.workflow.engine import ResumePoint
-from api.extensions.ext_database import db
 from api.extensions.ext_event_bus import event_transport
 from api.models import App, WorkflowRun
+from api.models.engine import db
 
 from . import run_store
 from .execution_coordinator import AppExecutionCoordinator, RunIdentity, RunTakenOverError
