@@ -17,12 +17,20 @@ def create_app(config: AppConfig | None = None) -> Flask:
     app.config["SECRET_KEY"] = config.SECRET_KEY
     app.config["APP_CONFIG"] = config
 
-    from api.extensions import ext_celery, ext_database, ext_durable_stream, ext_event_bus, ext_redis
+    from api.extensions import (
+        ext_celery,
+        ext_database,
+        ext_durable_stream,
+        ext_event_bus,
+        ext_redis,
+        ext_resume_token,
+    )
 
     ext_database.init_app(app, config)
     ext_redis.init_app(app, config)
     ext_durable_stream.init_app(app, config)
-    ext_event_bus.init_app(app, config)
+    ext_event_bus.init_app(app, config)  # after ext_redis and ext_durable_stream, which it uses
+    ext_resume_token.init_app(app, config)
     ext_celery.init_app(app, config)
 
     from api.libs import request_limits
