@@ -7,8 +7,8 @@ API when it ends a run itself (a stopped pause, an expired lease, a run that cou
 :func:`write_end` is the only code that appends a terminal event and seals a run's topic. It may be
 repeated after any failure: an append whose acknowledgement was lost may or may not have been
 stored, so a repeat first reads the topic's last record and appends ``workflow_finished`` only if
-it is not there yet. Only the attempt's own first try, which knows nothing of its end can be on
-the topic yet, skips that read (``first_try=True``).
+it is not there yet. Only the attempt's own first try skips that read (``first_try=True``):
+nothing of its end can be on the topic before it.
 """
 
 from __future__ import annotations
