@@ -17,12 +17,20 @@ def create_app(config: AppConfig | None = None) -> Flask:
     app.config["SECRET_KEY"] = config.SECRET_KEY
     app.config["APP_CONFIG"] = config
 
-    from api.extensions import ext_celery, ext_database, ext_durable_stream, ext_event_bus, ext_redis
+    from api.extensions import (
+        ext_celery,
+        ext_database,
+        ext_durable_stream,
+        ext_event_bus,
+        ext_redis,
+        ext_resume_token,
+    )
 
     ext_database.init_app(app, config)
     ext_redis.init_app(app, config)
     ext_durable_stream.init_app(app, config)
-    ext_event_bus.init_app(app, config)
+    ext_event_bus.init_app(app, config)  # after ext_redis and ext_durable_stream, which it uses
+    ext_resume_token.init_app(app, config)
     ext_celery.init_app(app, config)
 
     from api.libs import request_limits
@@ -46,8 +54,8 @@ def _register_commands(app: Flask) -> None:
     @click.option("--file", "path", required=True, type=click.Path(exists=True, dir_okay=False))
     def create_app_command(path: str) -> None:
         """Create an app from a workflow definition file and print its id and API key."""
+        from api.libs.errors import ServiceError
         from api.services import app_service
-        from api.services.errors import ServiceError
 
         definition = json.loads(pathlib.Path(path).read_text())
         try:

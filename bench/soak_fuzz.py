@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from api.app_factory import create_app
 from api.configs import AppConfig
-from api.extensions.ext_database import db
+from api.models.engine import db
 from harness.app_database import APP_DATABASES, app_database_uri
 from harness.app_env import base_env
 from harness.hostile import Case, generate_cases

@@ -249,14 +249,14 @@ class ServedStack:
         with self.app.app_context():
             created = app_service.create_app(definition)
             key: str = created.api_key
-            from api.extensions.ext_database import db
+            from api.models.engine import db
 
             db.session.remove()
             return key
 
     def run_row(self, run_id: str) -> dict[str, Any] | None:
-        from api.extensions.ext_database import db
         from api.models import WorkflowRun
+        from api.models.engine import db
 
         with self.app.app_context():
             try:
@@ -285,7 +285,7 @@ class ServedStack:
         if self._app is not None:
             with self._app.app_context():
                 self._app.extensions["durable_stream"].close()
-                from api.extensions.ext_database import db
+                from api.models.engine import db
 
                 db.engine.dispose()
             self._app = None

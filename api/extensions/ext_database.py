@@ -1,24 +1,18 @@
-"""The app database (Flask-SQLAlchemy on SQLAlchemy 2)."""
+"""The app database (Flask-SQLAlchemy on SQLAlchemy 2): binds ``api.models.engine.db`` to the app."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from flask import Flask
-from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import Engine, event, inspect, text
 from sqlalchemy.exc import OperationalError, ProgrammingError
-from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.schema import CreateColumn
 
 from api.configs import AppConfig
+from api.models.engine import db
 
-
-class Base(DeclarativeBase):
-    pass
-
-
-db = SQLAlchemy(model_class=Base)
+__all__ = ["init_app"]
 
 
 def init_app(app: Flask, config: AppConfig) -> None:

@@ -56,7 +56,7 @@ class Reaper:
                     self._enforce_retention()
 
     def _sweep(self) -> None:
-        from api.extensions.ext_database import db
+        from api.models.engine import db
         from api.services.run_recovery import reap
 
         try:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Flask
+from redis import Redis
 
 from api.configs import AppConfig
 
 
 def init_app(app: Flask, config: AppConfig) -> None:
-    client: Any = None
+    client: Redis | None = None
     if config.REDIS_URL:
-        import redis
-
-        client = redis.Redis.from_url(config.REDIS_URL)
+        client = Redis.from_url(config.REDIS_URL)
     app.extensions["redis"] = client

@@ -10,7 +10,7 @@ from flask_restful import Api
 from sqlalchemy.exc import DataError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from api.services.errors import ServiceError
+from api.libs.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from api.configs import AppConfig
-from api.services.errors import InvalidParamError
+from api.libs.errors import InvalidParamError
 
 __all__ = ["RequestJSONProvider", "init_app", "json_too_deep"]
 

@@ -25,7 +25,14 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESGCMSIV
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["InvalidResumeTokenError", "ResumeTokenCodec", "ResumeTokenKey", "parse_keys"]
+__all__ = [
+    "InvalidResumeTokenError",
+    "ResumeTokenCodec",
+    "ResumeTokenKey",
+    "development_key",
+    "gcm_siv_available",
+    "parse_keys",
+]
 
 _GCM_SIV = 1
 _GCM = 2
@@ -75,7 +82,7 @@ def development_key(secret_key: str) -> ResumeTokenKey:
     return ResumeTokenKey(DEVELOPMENT_KEY_ID, derived)
 
 
-def _gcm_siv_available() -> bool:
+def gcm_siv_available() -> bool:
     try:
         AESGCMSIV(b"\0" * 32).encrypt(b"\0" * _NONCE_SIZE, b"", None)
     except UnsupportedAlgorithm:
@@ -89,7 +96,7 @@ class ResumeTokenCodec:
             raise ValueError("at least one resume-token key is required")
         self._active = keys[0]
         self._keys = {key.key_id: key for key in keys}
-        self._algorithm = _GCM_SIV if _gcm_siv_available() else _GCM
+        self._algorithm = _GCM_SIV if gcm_siv_available() else _GCM
 
     @property
     def algorithm(self) -> str:

@@ -9,10 +9,10 @@ from typing import Any
 from sqlalchemy import select
 
 from api.core.workflow import Graph, WorkflowDefinitionError
-from api.extensions.ext_database import db
+from api.libs.errors import InvalidParamError, UnauthorizedError
 from api.models import App
+from api.models.engine import db
 
-from .errors import InvalidParamError, UnauthorizedError
 from .validation import MAX_API_KEY_LENGTH, could_be_credential
 
 

@@ -26,9 +26,9 @@ from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import DurableStreamError
 from api.core.workflow.engine import finished_event
 from api.core.workflow.events import make_event
-from api.extensions.ext_database import db
 from api.extensions.ext_event_bus import event_transport
 from api.models import App, WorkflowRun, WorkflowRunStatus
+from api.models.engine import db
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import base64
 import binascii
 import re
 
-from .errors import InvalidParamError
+from api.libs.errors import InvalidParamError
 
 __all__ = [
     "MAX_API_KEY_LENGTH",

@@ -1,34 +1,42 @@
-"""Event streams for SSE clients: streaming runs, reconnects with ``Last-Event-ID``, resume tokens."""
+"""Event streams for clients: streaming runs and reconnects, as domain items.
+
+The functions here yield :data:`~api.core.app.apps.message_generator.StreamItem` values — a run's
+events with their name, payload bytes as stored and cursor, pings, and notices (``run_created``,
+``error``) — and know nothing of SSE or resume tokens: the HTTP edge (``api.controllers.common``)
+frames the items and seals each cursor into the ``id:`` of its event.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from typing import Any
 
 from flask import current_app
 
 from api.configs import AppConfig
+from api.core.app.apps.event_codec import encode_event, event_name
 from api.core.app.apps.event_transport import EventSubscription, StreamMessage, WorkflowEventTransport
 from api.core.app.apps.message_generator import (
+    PING,
     IncompleteRunError,
     MessageGenerator,
-    Ping,
+    Notice,
+    StartAt,
+    StreamEvent,
+    StreamItem,
     stream_topic_events,
     terminal_events,
 )
 from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, DurableStreamError, TopicCursor
-from api.extensions.ext_database import db
 from api.extensions.ext_event_bus import event_transport
-from api.libs import sse
-from api.libs.resume_token import InvalidResumeTokenError, ResumeTokenCodec
+from api.libs.errors import GoneError, ServiceUnavailableError
 from api.models import App, WorkflowRun
+from api.models.engine import db
 
 from . import run_recovery
 from . import workflow_run_service as runs
-from .errors import GoneError, InvalidParamError, ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -40,15 +48,18 @@ EVENTS_LOST_MESSAGE = (
     "reload the run (GET /workflows/run/<id>)"
 )
 
+#: A stream of events for the HTTP edge; closing it closes the subscription behind it.
+EventStream = Generator[StreamItem, None, None]
+
 
 def _config() -> AppConfig:
     config: AppConfig = current_app.config["APP_CONFIG"]
     return config
 
 
-def _codec() -> ResumeTokenCodec:
-    codec: ResumeTokenCodec = current_app.extensions["resume_tokens"]
-    return codec
+def resumable() -> bool:
+    """Whether events carry cursors (and a client's ``Last-Event-ID`` means anything)."""
+    return event_transport().resumable
 
 
 def run_headers(run: WorkflowRun) -> dict[str, str]:
@@ -56,14 +67,17 @@ def run_headers(run: WorkflowRun) -> dict[str, str]:
     return {"X-Task-Id": run.task_id, "X-Workflow-Run-Id": run.id}
 
 
-def run_streaming(app: App, run: WorkflowRun) -> Iterator[str]:
+def run_streaming(app: App, run: WorkflowRun) -> EventStream:
     """Subscribe at the tail, then dispatch, then stream: no event of the run can be missed.
 
-    The first message names the task and run (``event: run_created``), so a client that drops
-    before the first event can still reconnect.
+    The first item names the task and run (``run_created``), so a client that drops before the
+    first event can still reconnect.
+
+    Raises:
+        ServiceUnavailableError: The stream store or the task queue is unavailable; the run failed.
     """
     try:
-        subscription = event_transport().subscribe_live(runs.topic_name(app, run))
+        subscription = MessageGenerator.retrieve_events(event_transport(), runs.topic_name(app, run), StartAt.TAIL)
         subscription.__enter__()
     except DurableStreamError as exc:
         runs.abandon(run, f"the event stream was unavailable: {exc}")
@@ -74,11 +88,11 @@ def run_streaming(app: App, run: WorkflowRun) -> Iterator[str]:
         subscription.close()
         raise
     created = {"event": "run_created", "task_id": run.task_id, "workflow_run_id": run.id}
-    return _preceded(sse.sse_event(created, event="run_created"), app, run, subscription)
+    return _preceded(Notice("run_created", encode_event(created)), app, run, subscription)
 
 
-def _preceded(first: str, app: App, run: WorkflowRun, subscription: EventSubscription) -> Iterator[str]:
-    events = _sse(app, run, subscription, continue_on_pause=False)
+def _preceded(first: Notice, app: App, run: WorkflowRun, subscription: EventSubscription) -> EventStream:
+    events = _events(app, run, subscription, continue_on_pause=False)
     try:
         yield first
         yield from events
@@ -88,26 +102,20 @@ def _preceded(first: str, app: App, run: WorkflowRun, subscription: EventSubscri
         subscription.close()
 
 
-def reconnect(app: App, run: WorkflowRun, *, last_event_id: str | None, continue_on_pause: bool) -> Iterator[str]:
-    """Resume strictly after ``last_event_id``; without one, replay the whole retained run.
+def reconnect(app: App, run: WorkflowRun, *, cursor: TopicCursor | None, continue_on_pause: bool) -> EventStream:
+    """Resume strictly after ``cursor``; without one, replay the whole retained run.
 
     Raises:
-        InvalidParamError: (400, ``invalid_resume_token``) the token is malformed, forged, made with an
-            unknown key, or belongs to another run or user.
-        GoneError: (410) ``resume_cursor_expired``: the token is genuine but its position is gone;
-            ``run_events_lost``: without a token, the retained events are not the run's whole
+        GoneError: (410) ``resume_cursor_expired``: the cursor is genuine but its position is gone;
+            ``run_events_lost``: without a cursor, the retained events are not the run's whole
             history (its start was removed, or the topic is another incarnation than the run's).
             Both carry the run row.
         ServiceUnavailableError: (503, ``stream_unavailable``) the stream store cannot be reached.
     """
     transport = event_transport()
     name = runs.topic_name(app, run)
-    cursor: TopicCursor | None = None
-    if transport.resumable and last_event_id:
-        try:
-            cursor = TopicCursor(_codec().open(last_event_id, topic=name, app_id=app.id, end_user=run.end_user))
-        except InvalidResumeTokenError as exc:
-            raise InvalidParamError(str(exc), code="invalid_resume_token") from exc
+    if not transport.resumable:
+        cursor = None
     try:
         return _open(app, run, transport, name, cursor, continue_on_pause=continue_on_pause)
     except CursorUnavailableError as exc:
@@ -126,7 +134,7 @@ def _open(
     cursor: TopicCursor | None,
     *,
     continue_on_pause: bool,
-) -> Iterator[str]:
+) -> EventStream:
     """Subscribe where the reader starts and check what it will see, before the response begins.
 
     Raises:
@@ -137,8 +145,8 @@ def _open(
     if run.run_status.is_terminal and cursor is None:
         info = transport.topic_info(name)
         if info is None or info.length == 0:
-            return iter([sse.PING, sse.sse_event(run_recovery.finished_event_of(run))])
-    subscription = MessageGenerator.retrieve_events(transport, name, cursor)
+            return _only(PING, _event_of_row(run))
+    subscription = MessageGenerator.retrieve_events(transport, name, StartAt.BEGINNING if cursor is None else cursor)
     first: StreamMessage | Closed | None = None
     try:
         subscription.__enter__()
@@ -149,13 +157,13 @@ def _open(
                 raise IncompleteRunError(f"topic {name!r} is not the incarnation run {run.id} started on")
             # Peek, so that a run whose start is gone is a 410 rather than a stream ending in an error.
             first = subscription.receive(timeout=0)
-            if isinstance(first, StreamMessage) and _event_name(first) != "workflow_started":
+            if isinstance(first, StreamMessage) and event_name(first.payload) != "workflow_started":
                 raise IncompleteRunError(f"the retained events of run {run.id} do not begin with its start")
     except BaseException:
         subscription.close()
         raise
     from_start = transport.resumable and cursor is None and first is None
-    return _sse(
+    return _events(
         app,
         run,
         subscription,
@@ -165,19 +173,20 @@ def _open(
     )
 
 
-def _event_name(message: StreamMessage) -> object:
-    try:
-        event = json.loads(message.payload)
-    except ValueError:
-        return None
-    return event.get("event") if isinstance(event, dict) else None
+def _only(*items: StreamItem) -> EventStream:
+    yield from items
+
+
+def _event_of_row(run: WorkflowRun) -> StreamEvent:
+    """The ``workflow_finished`` of a terminal run, built from its row (it has no position)."""
+    return StreamEvent("workflow_finished", encode_event(run_recovery.finished_event_of(run)), None)
 
 
 def _gone(run: WorkflowRun, code: str, message: str) -> GoneError:
     return GoneError(message, code=code, details={"run": runs.run_detail(run)})
 
 
-def _sse(
+def _events(
     app: App,
     run: WorkflowRun,
     subscription: EventSubscription,
@@ -185,11 +194,9 @@ def _sse(
     continue_on_pause: bool,
     first: StreamMessage | Closed | None = None,
     first_event: str | None = None,
-) -> Generator[str, None, None]:
+) -> EventStream:
     config = _config()
-    name = runs.topic_name(app, run)
-    codec = _codec()
-    app_id, run_id, end_user = app.id, run.id, run.end_user
+    app_id, run_id = app.id, run.id
     run_check = _RunCheck(
         app_id,
         run_id,
@@ -199,9 +206,9 @@ def _sse(
     )
     try:
         if first is CLOSED:
-            yield sse.PING
+            yield PING
             return
-        for item in stream_topic_events(
+        yield from stream_topic_events(
             subscription,
             ping_interval=config.SSE_PING_INTERVAL,
             idle_timeout=config.SSE_IDLE_TIMEOUT,
@@ -209,32 +216,25 @@ def _sse(
             on_idle=run_check,
             first=first,
             first_event=first_event,
-        ):
-            if isinstance(item, Ping):
-                yield sse.PING
-                continue
-            token = None
-            if item.cursor is not None:
-                token = codec.seal(item.cursor, topic=name, app_id=app_id, end_user=end_user)
-            yield sse.sse_event(item.event, event_id=token)
+        )
     except CursorUnavailableError:
-        yield _error_event(run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410)
+        yield _error_notice(run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410)
     except IncompleteRunError:
-        yield _error_event(run_id, "run_events_lost", EVENTS_LOST_MESSAGE, 410)
+        yield _error_notice(run_id, "run_events_lost", EVENTS_LOST_MESSAGE, 410)
     except DurableStreamError as exc:
-        yield _error_event(run_id, "stream_unavailable", str(exc), 503)
+        yield _error_notice(run_id, "stream_unavailable", str(exc), 503)
     finally:
         subscription.close()
 
 
-def _error_event(run_id: str, code: str, message: str, status: int) -> str:
+def _error_notice(run_id: str, code: str, message: str, status: int) -> Notice:
     body: dict[str, Any] = {"code": code, "message": message, "status": status}
     if status == 410:
         run = db.session.get(WorkflowRun, run_id)
         if run is not None:
             db.session.refresh(run)
             body["run"] = runs.run_detail(run)
-    return sse.sse_event(body, event="error")
+    return Notice("error", encode_event(body))
 
 
 class _RunCheck:

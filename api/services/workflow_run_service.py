@@ -12,17 +12,25 @@ from sqlalchemy import select
 
 from api.configs import AppConfig
 from api.core.app.apps import run_store
+from api.core.app.apps.event_codec import event_name
+from api.core.app.apps.message_generator import MessageGenerator, StartAt
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, DurableStreamError
 from api.core.workflow import Graph
 from api.core.workflow.errors import NodeRunError
 from api.core.workflow.nodes import validate_form
-from api.extensions.ext_database import db
 from api.extensions.ext_event_bus import event_transport
+from api.libs.errors import (
+    ConflictError,
+    InvalidParamError,
+    NotFoundError,
+    RunWaitTimeoutError,
+    ServiceUnavailableError,
+)
 from api.models import App, WorkflowRun, WorkflowRunStatus
+from api.models.engine import db
 
 from . import run_recovery
-from .errors import ConflictError, InvalidParamError, NotFoundError, RunWaitTimeoutError, ServiceUnavailableError
 from .validation import could_be_our_id, require_user
 
 RESPONSE_MODES = ("blocking", "async", "streaming")
@@ -112,7 +120,8 @@ def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
     dispatched = False
     try:
         # Subscribe before dispatching: the run cannot get ahead of the reader.
-        with event_transport().subscribe_live(topic_name(app, run)) as subscription:
+        reader = MessageGenerator.retrieve_events(event_transport(), topic_name(app, run), StartAt.TAIL)
+        with reader as subscription:
             dispatch(run)
             dispatched = True
             while (remaining := deadline - time.monotonic()) > 0:
@@ -120,8 +129,7 @@ def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
                 if record is CLOSED:
                     break
                 if record is not None:
-                    event = json.loads(record.payload)
-                    if event["event"] in ("workflow_finished", "workflow_paused"):
+                    if event_name(record.payload) in ("workflow_finished", "workflow_paused"):
                         break
                     continue
                 if time.monotonic() >= next_check:

@@ -15,6 +15,7 @@ from celery import shared_task
 from sqlalchemy.exc import OperationalError
 
 from api.core.app.apps.workflow_app_runner import AttemptNotClaimedError, execute_run
+from api.extensions.ext_event_bus import event_transport
 from api.services import run_recovery
 
 logger = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 def _execute(workflow_run_id: str, attempt_id: str | None, form: dict[str, Any] | None = None) -> str | None:
     try:
-        return execute_run(workflow_run_id, attempt_id, resume_form=form)
+        return execute_run(event_transport(), workflow_run_id, attempt_id, resume_form=form)
     except AttemptNotClaimedError as exc:
         logger.info("%s; checking the run instead", exc)
         run_recovery.check_run_by_id(workflow_run_id)

@@ -21,8 +21,8 @@ from flask.testing import FlaskClient
 from api.app_factory import create_app
 from api.configs import AppConfig
 from api.core.app.apps.topics import workflow_run_topic
-from api.extensions.ext_database import db
 from api.extensions.ext_durable_stream import durable_stream
+from api.models.engine import db
 from harness.app_database import app_database_uri
 from harness.app_env import base_env
 from harness.processes import ROOT, Worker, running_worker

@@ -8,13 +8,13 @@ import os
 import pathlib
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 
 import pytest
 import requests
 
 from harness.processes import BIN, ROOT, free_port, process_env
+from harness.waiting import wait_until
 
 
 @pytest.fixture
@@ -28,16 +28,17 @@ def served(tmp_path: pathlib.Path) -> Iterator[tuple[str, dict[str, str]]]:
         [str(ROOT / "bin" / "run")], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     base = f"http://127.0.0.1:{port}"
+
+    def api_answers() -> bool:
+        assert process.poll() is None, (tmp_path / "run.log").read_text()
+        try:
+            requests.get(f"{base}/v1/workflows/run/x", timeout=1)
+        except (requests.ConnectionError, requests.Timeout):
+            return False
+        return True
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, (tmp_path / "run.log").read_text()
-            try:
-                requests.get(f"{base}/v1/workflows/run/x", timeout=1)
-                break
-            except (requests.ConnectionError, requests.Timeout):
-                assert time.monotonic() < deadline, "the API did not come up"
-                time.sleep(0.1)
+        wait_until(api_answers, 60, "the API to come up", interval=0.1)
         yield base, env
     finally:
         os.killpg(process.pid, signal.SIGTERM)
@@ -72,13 +73,12 @@ def test_embedded_defaults_serve_a_blocking_and_an_async_run(served: tuple[str, 
         headers=headers,
         timeout=10,
     ).json()
-    deadline = time.monotonic() + 60
-    while True:
+
+    def succeeded() -> bool:
         detail = requests.get(
             f"{base}/v1/workflows/run/{started['workflow_run_id']}?user=me", headers=headers, timeout=10
         ).json()
-        if detail["status"] == "succeeded":
-            break
-        assert time.monotonic() < deadline, detail
-        time.sleep(0.1)
+        return bool(detail["status"] == "succeeded")
+
+    wait_until(succeeded, 60, "the async run to succeed", interval=0.1)
     assert (pathlib.Path(env["VAR_DIR"]) / "streams.db").exists() and (pathlib.Path(env["VAR_DIR"]) / "app.db").exists()

@@ -18,8 +18,8 @@ import pytest
 from flask import Flask
 from sqlalchemy import select
 
-from api.extensions.ext_database import db
 from api.models import App, WorkflowRun
+from api.models.engine import db
 from harness.app_database import APP_DATABASES
 from harness.hostile import Case, Target, generate_cases
 from harness.hostile_check import Report, run_cases

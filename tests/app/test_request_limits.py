@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from api.configs import AppConfig
+from api.libs.errors import InvalidParamError
 from api.libs.request_limits import RequestJSONProvider, json_too_deep
-from api.services.errors import InvalidParamError
 from harness.processes import ROOT, process_env
 
 # Characters that matter to a scan that must know where strings are.
@@ -125,7 +125,7 @@ import threading
 import gevent
 from flask import Flask
 from api.libs.request_limits import RequestJSONProvider
-from api.services.errors import InvalidParamError
+from api.libs.errors import InvalidParamError
 
 provider = RequestJSONProvider(Flask("small-stack"), max_depth=32)
 deep = "[" * 500_000 + "]" * 500_000

@@ -15,11 +15,11 @@ import pytest
 import redis
 
 from api.core.app.apps import run_store
-from api.core.app.apps.run_end import encode
+from api.core.app.apps.event_codec import encode_event
 from api.core.app.apps.topics import workflow_run_topic
-from api.extensions.ext_database import db
 from api.extensions.ext_durable_stream import durable_stream
 from api.models import App, WorkflowRun
+from api.models.engine import db
 from api.services import workflow_run_service
 from api.services.run_recovery import started_event_of
 from harness.postgres_server import PostgresServer
@@ -392,7 +392,7 @@ def test_a_reader_ends_with_the_rows_outcome_when_the_end_stays_pending(
     with harness.app.app_context():
         run_row = db.session.get(WorkflowRun, run_id)
         started = started_event_of(db.session.get(App, run_row.app_id), run_row)
-        durable_stream().topic(workflow_run_topic("workflow", run_id)).append(encode(started))
+        durable_stream().topic(workflow_run_topic("workflow", run_id)).append(encode_event(started))
         # As a finisher that recorded the outcome and died while it retried writing the end: no
         # one may repair it for an hour, yet its readers must not wait that long.
         assert run_store.finish(run_id, "failed", outputs=None, error="gone", steps=0, repair_after=time.time() + 3600)

@@ -33,26 +33,22 @@ def slow_greeting(delay: float = 0.05, tokens: int = 200) -> dict[str, Any]:
 def wait_for_status(
     harness: AppHarness, key: str, run_id: str, user: str, statuses: set[str], timeout: float = 30
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+    def detail_in_status() -> dict[str, Any] | None:
         response = harness.get(f"/v1/workflows/run/{run_id}?user={user}", key)
         assert response.status_code == 200, response.json
-        if response.json["status"] in statuses:
-            return dict(response.json)
-        assert time.monotonic() < deadline, f"run stayed {response.json['status']}"
-        time.sleep(0.05)
+        return dict(response.json) if response.json["status"] in statuses else None
+
+    return wait_until(detail_in_status, timeout, f"run {run_id} to be {' or '.join(sorted(statuses))}")
 
 
 def wait_for_events(
     harness: AppHarness, run_id: str, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 30
 ) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
+    def matching_events() -> list[dict[str, Any]] | None:
         events = harness.events(run_id)
-        if predicate(events):
-            return events
-        assert time.monotonic() < deadline, f"events never matched; last: {[e['event'] for e in events][-5:]}"
-        time.sleep(0.05)
+        return events if predicate(events) else None
+
+    return wait_until(matching_events, timeout, f"the events of run {run_id} to match")
 
 
 @pytest.fixture(scope="module")
@@ -229,8 +225,8 @@ def test_watchdog_timeout_stops_the_run(make_harness: Callable[..., AppHarness])
 
 
 def test_a_killed_worker_is_caught_by_the_lease(make_harness: Callable[..., AppHarness]) -> None:
-    from api.extensions.ext_database import db
     from api.models import App, WorkflowRun
+    from api.models.engine import db
     from api.services import run_recovery
 
     ttl = 3.0
@@ -246,15 +242,15 @@ def test_a_killed_worker_is_caught_by_the_lease(make_harness: Callable[..., AppH
     killed_at = time.monotonic()
     assert not harness.topic_info(run_id).sealed
 
-    ended = False
-    while not ended:
-        assert time.monotonic() - killed_at < ttl + 2, "the expired lease was not noticed within the TTL"
+    def lease_check_ends_the_run() -> bool:
         with harness.app.app_context():
             run_row = db.session.get(WorkflowRun, run_id)
             app_row = db.session.get(App, run_row.app_id)
             ended = run_recovery.check_lease(app_row, run_row)
             db.session.remove()
-        time.sleep(0.1)
+            return ended
+
+    wait_until(lease_check_ends_the_run, ttl + 2 - (time.monotonic() - killed_at), "the expired lease", interval=0.1)
     events = harness.events(run_id)
     assert events[-1]["event"] == "workflow_finished" and events[-1]["data"]["status"] == "failed"
     assert "lease expired" in events[-1]["data"]["error"]

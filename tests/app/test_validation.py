@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 from itsdangerous import URLSafeTimedSerializer
 
+from api.libs.errors import InvalidParamError
 from api.models import App, WorkflowRun
 from api.models.model import new_api_key, new_id
 from api.services import validation
-from api.services.errors import InvalidParamError
 
 
 @pytest.mark.parametrize("user", ["u", " padded ", "é" * 255, "中文 user", "web-" + new_id()])

@@ -1,15 +1,26 @@
-"""Responses shared by the service API and the web app: starting a run and (re)attaching to its events."""
+"""Responses shared by the service API and the web app: starting a run and (re)attaching to its events.
+
+This is the HTTP edge of the event streams: a client's ``Last-Event-ID`` is opened into a cursor
+here, and the cursor of every event sent is sealed into its ``id:`` here (the services deal in
+cursors only).
+"""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from flask import Response, request, stream_with_context
 
-from api.libs.sse import SSE_HEADERS
+from api.controllers.common.sse import SSE_HEADERS, sse_messages
+from api.core.durable_stream import TopicCursor
+from api.extensions.ext_resume_token import resume_token_codec
+from api.libs.errors import InvalidParamError
+from api.libs.resume_token import InvalidResumeTokenError
 from api.models import App, WorkflowRun
 from api.services import workflow_event_service as event_streams
 from api.services import workflow_run_service as runs
+from api.services.workflow_event_service import EventStream
 
 
 def start_run(app_model: App, body: Any) -> Any:
@@ -20,20 +31,29 @@ def start_run(app_model: App, body: Any) -> Any:
         runs.dispatch(run)
         return {"task_id": run.task_id, "workflow_run_id": run.id}, 202
     if mode == "streaming":
-        return event_stream_response(event_streams.run_streaming(app_model, run), event_streams.run_headers(run))
+        events = event_streams.run_streaming(app_model, run)
+        return event_stream_response(app_model, run, events, event_streams.run_headers(run))
     return runs.run_blocking(app_model, run)
 
 
 def run_events(app_model: App, run: WorkflowRun) -> Response:
-    """``GET …/workflow/<task_id>/events``: ``Last-Event-ID`` (header or query) and ``continue_on_pause``."""
-    return event_stream_response(
-        event_streams.reconnect(
-            app_model,
-            run,
-            last_event_id=last_event_id(),
-            continue_on_pause=request.args.get("continue_on_pause", "").lower() in ("1", "true", "yes"),
-        )
+    """``GET …/workflow/<task_id>/events``: ``Last-Event-ID`` (header or query) and ``continue_on_pause``.
+
+    Raises:
+        InvalidParamError: (400, ``invalid_resume_token``) the token is malformed, forged, made with an
+            unknown key, or belongs to another run or user.
+    """
+    cursor = None
+    token = last_event_id()
+    if token is not None and event_streams.resumable():  # a live-only transport ignores it
+        cursor = open_resume_token(app_model, run, token)
+    events = event_streams.reconnect(
+        app_model,
+        run,
+        cursor=cursor,
+        continue_on_pause=request.args.get("continue_on_pause", "").lower() in ("1", "true", "yes"),
     )
+    return event_stream_response(app_model, run, events)
 
 
 def last_event_id() -> str | None:
@@ -46,7 +66,26 @@ def last_event_id() -> str | None:
     return value or None
 
 
-def event_stream_response(events: Any, headers: dict[str, str] | None = None) -> Response:
+def open_resume_token(app_model: App, run: WorkflowRun, token: str) -> TopicCursor:
+    """The cursor sealed in ``token``, which must have been issued for this run's topic, app and user."""
+    try:
+        cursor = resume_token_codec().open(
+            token, topic=runs.topic_name(app_model, run), app_id=app_model.id, end_user=run.end_user
+        )
+    except InvalidResumeTokenError as exc:
+        raise InvalidParamError(str(exc), code="invalid_resume_token") from exc
+    return TopicCursor(cursor)
+
+
+def event_stream_response(
+    app_model: App, run: WorkflowRun, events: EventStream, headers: dict[str, str] | None = None
+) -> Response:
+    """An SSE response of ``events``, each event's cursor sealed into a token bound to the run and user."""
+    seal = functools.partial(
+        resume_token_codec().seal, topic=runs.topic_name(app_model, run), app_id=app_model.id, end_user=run.end_user
+    )
     return Response(
-        stream_with_context(events), mimetype="text/event-stream", headers={**SSE_HEADERS, **(headers or {})}
+        stream_with_context(sse_messages(events, resume_token=seal)),
+        mimetype="text/event-stream",
+        headers={**SSE_HEADERS, **(headers or {})},
     )

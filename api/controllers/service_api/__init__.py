@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint
+from . import workflow  # noqa: F401  (registers the resources)
+from .blueprint import bp
 
-from api.libs.external_api import ExternalApi
-
-bp = Blueprint("service_api", __name__, url_prefix="/v1")
-api = ExternalApi(bp)
-
-from . import workflow  # noqa: E402,F401  (registers the resources)
+__all__ = ["bp"]

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint
+from . import passport, workflow  # noqa: F401  (registers the resources)
+from .blueprint import bp
 
-from api.libs.external_api import ExternalApi
-
-bp = Blueprint("web", __name__, url_prefix="/api")
-api = ExternalApi(bp)
-
-from . import passport, workflow  # noqa: E402,F401  (registers the resources)
+__all__ = ["bp"]

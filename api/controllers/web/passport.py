@@ -16,12 +16,12 @@ from flask_restful import Resource
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from sqlalchemy import select
 
-from api.extensions.ext_database import db
+from api.libs.errors import NotFoundError, UnauthorizedError
 from api.models import App
-from api.services.errors import NotFoundError, UnauthorizedError
+from api.models.engine import db
 from api.services.validation import MAX_SITE_CODE_LENGTH, could_be_credential, could_be_passport
 
-from . import api
+from .blueprint import api
 
 PASSPORT_MAX_AGE = 30 * 24 * 3600
 

@@ -8,11 +8,11 @@ from flask import request
 from flask_restful import Resource
 
 from api.controllers.common.workflow_responses import run_events, start_run
+from api.libs.errors import InvalidParamError
 from api.models import App
 from api.services import workflow_run_service as runs
-from api.services.errors import InvalidParamError
 
-from . import api
+from .blueprint import api
 from .passport import validate_passport
 
 

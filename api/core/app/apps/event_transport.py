@@ -10,9 +10,15 @@ the app does not know which one is configured.
 from __future__ import annotations
 
 import dataclasses
-import types
-from typing import Any, Protocol, Self
+from typing import Protocol, Self
 
+from api.core.broadcast_channel import (
+    BroadcastChannel,
+    BroadcastChannelUnavailableError,
+    Subscription,
+    SubscriptionClosedError,
+    Topic,
+)
 from api.core.durable_stream import (
     CLOSED,
     Closed,
@@ -132,7 +138,7 @@ class DurableEventTransport:
 class _BroadcastTopic:
     """A broadcast topic in the shape producers expect; sealing means nothing to a live channel."""
 
-    def __init__(self, topic: Any) -> None:
+    def __init__(self, topic: Topic) -> None:
         self._topic = topic
 
     def append(self, payload: bytes) -> None:
@@ -151,24 +157,17 @@ class _BroadcastTopic:
 class _BroadcastSubscription:
     resumable = False
 
-    def __init__(self, subscription: Any) -> None:
+    def __init__(self, subscription: Subscription) -> None:
         self._subscription = subscription
 
     def __enter__(self) -> Self:
         self._subscription.__enter__()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None = None,
-        exc_value: BaseException | None = None,
-        traceback: types.TracebackType | None = None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._subscription.close()
 
     def receive(self, timeout: float) -> StreamMessage | Closed | None:
-        from api.core.broadcast_channel import BroadcastChannelUnavailableError, SubscriptionClosedError
-
         try:
             payload = self._subscription.receive(timeout=timeout)
         except SubscriptionClosedError:
@@ -184,7 +183,7 @@ class _BroadcastSubscription:
 class BroadcastEventTransport:
     resumable = False
 
-    def __init__(self, channel: Any) -> None:
+    def __init__(self, channel: BroadcastChannel) -> None:
         self._channel = channel
 
     def topic(self, name: str) -> EventTopic:

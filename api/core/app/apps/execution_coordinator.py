@@ -11,7 +11,8 @@ this run never sent one) and ``workflow_finished(failed)``, then seals.
 row already holds it when a reader sees the end of the stream. Both writes of an end (the row's
 and the topic's) are retried with backoff until ``end_deadline``: a stream store or database that
 is away for a moment must not leave a run without its end. If the topic's end still cannot be
-written, the row stays "end pending" and the repair (:mod:`.run_end`) writes it later. A
+written, the row stays "end pending" and the repair writes it later. The end itself (append the
+terminal event, seal) is written by :func:`.run_end.write_end`, as every end of a run is. A
 non-terminal event whose append fails raises to the caller, which ends the attempt through
 :meth:`finish`. A listener going away is not a cancellation: nothing here watches subscribers.
 """
@@ -30,8 +31,9 @@ from api.core.durable_stream import DurableStreamProducer, TopicSealedError
 from api.core.workflow.engine import finished_event
 from api.core.workflow.events import make_event
 
+from .event_codec import encode_event
 from .event_transport import WorkflowEventTransport
-from .run_end import DeadlinePassedError, encode, retry_until, write_end
+from .run_end import DeadlinePassedError, retry_until, write_end
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +76,7 @@ class AppExecutionCoordinator:
     ) -> None:
         self._transport = transport
         self._topic_name = topic_name
-        self._topic = transport.topic(topic_name)
-        self._producer: DurableStreamProducer = self._topic.as_producer()
+        self._producer: DurableStreamProducer = transport.topic(topic_name).as_producer()
         self.run = run
         self._max_execution_time = max_execution_time
         self._stop_requested = stop_requested
@@ -188,7 +189,7 @@ class AppExecutionCoordinator:
 
     def _append(self, event: dict[str, Any]) -> None:
         try:
-            self._producer.append(encode(event))
+            self._producer.append(encode_event(event))
         except TopicSealedError as exc:
             self._set_state(AppExecutionState.TERMINAL)
             raise RunTakenOverError(f"run {self.run.workflow_run_id} was already ended elsewhere") from exc
@@ -221,11 +222,8 @@ class AppExecutionCoordinator:
         def write() -> None:
             nonlocal tries
             tries += 1
-            if tries == 1 and started is None:  # the common case: one append, one seal
-                self._producer.append(encode(finished))
-                self._topic.seal()
-            else:  # after a failure the append may have been stored: look before writing again
-                write_end(self._transport, self._topic_name, finished, started)
+            # After a failure the append may have been stored: write_end looks before writing again.
+            write_end(self._transport, self._topic_name, finished, started, first_try=tries == 1)
 
         try:
             retry_until(deadline, write, what=f"write the end of run {run_id}")
@@ -251,7 +249,7 @@ class AppExecutionCoordinator:
         except DeadlinePassedError:
             logger.exception("run %s: its pause could not be recorded; the reaper will end it", run_id)
             return
-        payload = encode(event)
+        payload = encode_event(event)
         tries = 0
 
         def write() -> None:

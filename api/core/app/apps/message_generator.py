@@ -1,47 +1,91 @@
-"""Reading a run's events for an SSE client: where to start, and the ping / idle / terminal loop.
+"""Reading a run's events for a client: where a reader starts, and the ping / idle / terminal loop.
 
-This replaces the old ``MessageGenerator.retrieve_events``: instead of a live subscription whose
-start was whatever the broker considered "now", a reader says exactly where it starts — the tail
-fixed before the run is dispatched, strictly after a client's last event, or the beginning of the
-retained run.
+:meth:`MessageGenerator.retrieve_events` is the one place that decides where a reader starts:
+
+- ``StartAt.TAIL``: a streaming request or a blocking one, fixed *before* its run is dispatched, so
+  every event of the run arrives;
+- a ``TopicCursor``: a reconnecting client, strictly after the last event it received;
+- ``StartAt.BEGINNING``: a reconnecting client without a cursor, from the beginning of what is
+  retained of the run.
+
+:func:`stream_topic_events` turns a subscription into domain items — :class:`StreamEvent` (the
+event's name, its payload bytes as stored and its cursor) and :data:`PING` — without re-encoding
+anything; the HTTP edge frames them as SSE and seals the cursors into resume tokens.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import enum
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from api.core.durable_stream import CLOSED, TopicCursor
 
+from .event_codec import encode_event, event_name
 from .event_transport import EventSubscription, StreamMessage, WorkflowEventTransport
 
 DEFAULT_TERMINAL_EVENTS = frozenset({"workflow_finished", "workflow_paused"})
 
 
-@dataclasses.dataclass(frozen=True)
+class StartAt(enum.Enum):
+    """Where a reader without a cursor starts."""
+
+    #: The current end of the topic: everything appended after the subscription is made.
+    TAIL = "tail"
+    #: The first retained record of the topic.
+    BEGINNING = "beginning"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Ping:
-    pass
+    """Nothing happened for a while (and once at the start): tells the client the stream is alive."""
 
 
 PING = Ping()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class StreamEvent:
-    event: dict[str, Any]
+    """One event of the run: its name, its payload exactly as stored, and its position.
+
+    ``cursor`` is ``None`` for an event that was not read from the topic (built from the run row)
+    or when the transport is live-only.
+    """
+
+    event: str
+    payload: bytes
     cursor: TopicCursor | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Notice:
+    """A message about the stream rather than one of the run's events (``run_created``, ``error``);
+    sent as an SSE message with that ``event:`` name and never with an ``id:``."""
+
+    event: str
+    payload: bytes
+
+
+#: What an event stream yields to the HTTP edge.
+StreamItem = Ping | StreamEvent | Notice
 
 
 class MessageGenerator:
     @staticmethod
     def retrieve_events(
-        transport: WorkflowEventTransport, topic_name: str, cursor: TopicCursor | None
+        transport: WorkflowEventTransport, topic_name: str, start: StartAt | TopicCursor
     ) -> EventSubscription:
-        """A reconnecting client's subscription: strictly after ``cursor``, else the whole retained run."""
-        return transport.subscribe_resume(topic_name, cursor)
+        """The subscription of a reader of ``topic_name`` that starts at ``start`` (not yet entered).
+
+        On a live-only transport every reader gets what is published from now on, whatever ``start`` says.
+        """
+        if start is StartAt.TAIL:
+            return transport.subscribe_live(topic_name)
+        if start is StartAt.BEGINNING:
+            return transport.subscribe_resume(topic_name, None)
+        return transport.subscribe_resume(topic_name, start)
 
 
 def terminal_events(continue_on_pause: bool) -> frozenset[str]:
@@ -90,20 +134,18 @@ def stream_topic_events(
             if on_idle is not None:
                 final = on_idle()
                 if final is not None:
-                    yield StreamEvent(final, None)
+                    yield StreamEvent(str(final["event"]), encode_event(final), None)
                     return
             if now - last_ping >= ping_interval:
                 last_ping = now
                 yield PING
             continue
-        assert isinstance(item, StreamMessage)
-        event = json.loads(item.payload)
-        name = event.get("event")
+        name = event_name(item.payload)
         if first_event is not None:
             if name != first_event:
                 raise IncompleteRunError(f"the retained events begin with {name!r}, not {first_event!r}")
             first_event = None
-        yield StreamEvent(event, item.cursor)
+        yield StreamEvent(name or "", item.payload, item.cursor)
         last_event = time.monotonic()
         if name not in terminal:
             continue

@@ -3,15 +3,16 @@
 A run has ended for its readers only when its topic ends with ``workflow_finished`` and is sealed.
 Three parties write that end: the worker's attempt (the normal path), the repair of a run whose row
 is terminal but whose topic is not (the reaper, a reader's idle check, a redelivered task), and the
-API when it ends a run itself (a stopped pause, an expired lease). :func:`write_end` is what they
-share. It may be repeated after any failure: an append whose acknowledgement was lost may or may
-not have been stored, so a repeat first reads the topic's last record and appends
-``workflow_finished`` only if it is not there yet.
+API when it ends a run itself (a stopped pause, an expired lease, a run that could not be started).
+:func:`write_end` is the only code that appends a terminal event and seals a run's topic. It may be
+repeated after any failure: an append whose acknowledgement was lost may or may not have been
+stored, so a repeat first reads the topic's last record and appends ``workflow_finished`` only if
+it is not there yet. Only the attempt's own first try skips that read (``first_try=True``):
+nothing of its end can be on the topic before it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 
 from api.core.durable_stream import TopicSealedError
 
+from .event_codec import encode_event, event_name
 from .event_transport import WorkflowEventTransport
 
 logger = logging.getLogger(__name__)
@@ -62,15 +64,13 @@ def retry_until(deadline: float, operation: Callable[[], T], *, what: str) -> T:
             backoff = min(backoff * 2, MAX_BACKOFF)
 
 
-def encode(event: dict[str, Any]) -> bytes:
-    return json.dumps(event, separators=(",", ":")).encode()
-
-
 def write_end(
     transport: WorkflowEventTransport,
     name: str,
     finished: dict[str, Any],
     started: dict[str, Any] | None = None,
+    *,
+    first_try: bool = False,
 ) -> None:
     """Make topic ``name`` end with ``finished`` and seal it. Idempotent; safe to repeat after a failure.
 
@@ -78,30 +78,32 @@ def write_end(
     first when the topic never held a record, so that every run's history begins with
     ``workflow_started``; it is left out of a topic that had records, even if retention removed them.
 
+    ``first_try`` is for the run's own attempt writing its end for the first time, without
+    ``started``: nothing of the end can be on the topic yet, so it is appended and the topic sealed
+    without reading first (the common case: one append, one seal). A topic sealed by someone else
+    then raises ``TopicSealedError``, since the run was not the attempt's to end.
+
     Raises:
         DurableStreamError: The stream store failed; nothing is known to be written.
+        TopicSealedError: Only with ``first_try``: the topic was already sealed.
     """
     topic = transport.topic(name)
+    if first_try and started is None:
+        topic.append(encode_event(finished))
+        topic.seal()
+        return
     info = transport.topic_info(name)
     if info is not None and info.sealed:
         return
     last = transport.last_payload(name) if info is not None and info.length else None
     try:
         if started is not None and transport.resumable and (info is None or info.last_ordinal == 0):
-            topic.append(encode(started))
-        if last is None or _event_name(last) != "workflow_finished":
-            topic.append(encode(finished))
+            topic.append(encode_event(started))
+        if last is None or event_name(last) != "workflow_finished":
+            topic.append(encode_event(finished))
     except TopicSealedError:
         return  # sealed meanwhile by another writer of the end: it is written
     topic.seal()
 
 
-def _event_name(payload: bytes) -> str | None:
-    try:
-        event = json.loads(payload)
-    except ValueError:
-        return None
-    return event.get("event") if isinstance(event, dict) else None
-
-
-__all__ = ["DeadlinePassedError", "encode", "retry_until", "write_end"]
+__all__ = ["DeadlinePassedError", "retry_until", "write_end"]

@@ -23,10 +23,10 @@ import time
 import uuid
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import ColumnElement, Update, or_, select, update
 
-from api.extensions.ext_database import db
 from api.models import WorkflowRun, WorkflowRunStatus
+from api.models.engine import db
 
 RUNNING = WorkflowRunStatus.RUNNING.value
 PAUSED = WorkflowRunStatus.PAUSED.value
@@ -34,7 +34,7 @@ FAILED = WorkflowRunStatus.FAILED.value
 TERMINAL = tuple(status.value for status in WorkflowRunStatus if status.is_terminal)
 
 
-def _execute(statement: Any) -> int:
+def _execute(statement: Update) -> int:
     with db.engine.begin() as connection:
         return int(connection.execute(statement).rowcount)
 
@@ -163,7 +163,7 @@ def fail_if_not_started(run_id: str, error: str, dispatched_before: float) -> bo
     return _fail_running(run_id, error, *unclaimed)
 
 
-def _fail_running(run_id: str, error: str, *conditions: Any) -> bool:
+def _fail_running(run_id: str, error: str, *conditions: ColumnElement[bool]) -> bool:
     statement = (
         update(WorkflowRun)
         .where(WorkflowRun.id == run_id, WorkflowRun.status == RUNNING, *conditions)

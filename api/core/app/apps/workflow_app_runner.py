@@ -21,11 +21,11 @@ from api.configs import AppConfig
 from api.core.durable_stream import DurableStreamError
 from api.core.workflow import Graph, WorkflowEngine
 from api.core.workflow.engine import ResumePoint
-from api.extensions.ext_database import db
-from api.extensions.ext_event_bus import event_transport
 from api.models import App, WorkflowRun
+from api.models.engine import db
 
 from . import run_store
+from .event_transport import WorkflowEventTransport
 from .execution_coordinator import AppExecutionCoordinator, RunIdentity, RunTakenOverError
 from .lease import RunLease
 from .topics import workflow_run_topic
@@ -41,9 +41,14 @@ class AttemptNotClaimedError(Exception):
 
 
 def execute_run(
-    workflow_run_id: str, attempt_id: str | None = None, resume_form: Mapping[str, Any] | None = None
+    transport: WorkflowEventTransport,
+    workflow_run_id: str,
+    attempt_id: str | None = None,
+    resume_form: Mapping[str, Any] | None = None,
 ) -> str | None:
     """Claim and run (or resume) the attempt; return its final status, or ``None`` if it stopped early.
+
+    ``transport`` carries the run's events (the task passes the app's configured one).
 
     Raises:
         AttemptNotClaimedError: Another delivery holds (or held) this attempt, or it is not current.
@@ -60,7 +65,6 @@ def execute_run(
         raise AttemptNotClaimedError(f"attempt {attempt_id} of run {workflow_run_id} is not this delivery's to run")
     app = db.session.get(App, run.app_id)
     assert app is not None
-    transport = event_transport()
     topic_name = workflow_run_topic(app.mode, run.id)
     identity = RunIdentity(app.id, run.task_id, run.id, run.created_timestamp)
     graph_definition, inputs, end_user, state_json = app.graph_json, run.inputs, run.end_user, run.state_json

@@ -1,4 +1,7 @@
-"""Errors the HTTP layer turns into ``{"code", "message", "status"}`` responses."""
+"""API errors: what services raise and the HTTP layer turns into ``{"code", "message", "status"}`` bodies.
+
+A utility of the app (like Dify's ``libs/exception.py``): services, the request limits and the error
+handler share them, so they live below all of those."""
 
 from __future__ import annotations
 
