@@ -12,7 +12,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from api.extensions.ext_database import db
 
 
-def _now() -> datetime.datetime:
+def utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
@@ -38,7 +38,7 @@ class App(db.Model):  # type: ignore[name-defined,misc]
     site_code: Mapped[str] = mapped_column(
         String(32), unique=True, index=True, default=lambda: secrets.token_urlsafe(12)
     )
-    created_at: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    created_at: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
     @property
     def graph(self) -> dict[str, Any]:

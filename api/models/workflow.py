@@ -10,7 +10,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from api.extensions.ext_database import db
 
-from .model import _now, new_id
+from .model import new_id, utc_now
 
 
 class WorkflowRunStatus(enum.StrEnum):
@@ -64,7 +64,7 @@ class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
     )
     #: Unix time before which nobody else may repair the end (its finisher is still retrying it).
     stream_repair_after: Mapped[float | None] = mapped_column(Float, nullable=True)
-    created_at: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    created_at: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
     finished_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     @property
@@ -97,7 +97,7 @@ class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
     @property
     def elapsed_time(self) -> float:
         created = _aware(self.created_at)
-        end = _aware(self.finished_at) if self.finished_at else _now()
+        end = _aware(self.finished_at) if self.finished_at else utc_now()
         return max(0.0, (end - created).total_seconds())
 
 
