@@ -121,3 +121,31 @@ def test_a_fork_while_a_subscription_changes_state_leaves_the_child_able_to_subs
                     os._exit(4)
         _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status:#x}"
+
+
+def test_the_library_has_no_import_cycle_and_shares_no_private_name() -> None:
+    import ast
+    import pathlib
+
+    import grimp
+
+    graph = grimp.build_graph("api")
+    modules = sorted(m for m in graph.modules if m.startswith("api.core.durable_stream"))
+    assert "api.core.durable_stream.adapters.redis.driver" in modules
+    imports = {m: graph.find_modules_directly_imported_by(m) & set(modules) for m in modules}
+    # A cycle exists iff some module reaches itself: a depth-first search from each.
+    for start in modules:
+        seen: set[str] = set()
+        stack = list(imports[start])
+        while stack:
+            module = stack.pop()
+            assert module != start, f"{start} imports itself through {sorted(seen)}"
+            if module not in seen:
+                seen.add(module)
+                stack.extend(imports[module])
+    root = pathlib.Path(durable_stream.__file__).parent
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                assert not private, f"{path}:{node.lineno} imports private names {private}"
