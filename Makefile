@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-threads test-gevent bench soak run clean
+.PHONY: install lint docs test test-threads test-gevent bench soak run clean
 
 install: $(STAMP)
 
@@ -16,10 +16,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: install
-	$(BIN)/ruff check api tests bench harness
-	$(BIN)/ruff format --check api tests bench harness
+	$(BIN)/ruff check api tests bench harness tools
+	$(BIN)/ruff format --check api tests bench harness tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+
+# docs/adapters/{memory,sqlite,redis,postgres}.md from the adapters' docstrings (their capability
+# cards); tests/test_docs.py fails when a page is stale.
+docs: install
+	$(BIN)/python -m tools.gen_adapter_docs
 
 # The whole suite in plain threads, then the durable-stream and broadcast contracts and the Redis
 # adapter's own tests (its shared reader differs between threads and gevent) again under gevent.

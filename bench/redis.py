@@ -87,6 +87,20 @@ def _raw(url: str) -> Any:
     return redis.Redis.from_url(url, protocol=2)
 
 
+def _subscribed(client: Any, prefix: str, names: list[str]) -> int:
+    """How many of the topics' hint channels have a subscriber (the backend's change feed), per the server."""
+    from api.core.durable_stream.adapters.redis.scripts import topic_keys
+
+    channels = [topic_keys(prefix, name)[2] for name in names]
+    reply = client.execute_command("PUBSUB", "SHARDNUMSUB", *channels)
+    return sum(1 for count in reply[1::2] if int(count) > 0)
+
+
+def _feed_links(client: Any) -> int:
+    """The change feed's connections to the server (client names end in ``:feed``)."""
+    return sum(1 for entry in client.client_list() if str(entry.get("name", "")).endswith(":feed"))
+
+
 # -- append -----------------------------------------------------------------------------------
 
 
@@ -221,10 +235,11 @@ def _latency_ours(
         consumer.topic(name).append(_payload(0))  # a stream ID for the subscription to chain from
         with consumer.topic(name).subscribe_from_beginning() as subscription:
             subscription.receive(timeout=5)
-            feed = consumer._driver._feeds[0]  # type: ignore[attr-defined]
+            watcher = _raw(url)
             deadline = time.monotonic() + 10
-            while name not in feed.subscribed_topics() and time.monotonic() < deadline:
+            while not _subscribed(watcher, prefix, [name]) and time.monotonic() < deadline:
                 time.sleep(0.01)
+            watcher.close()
 
             def consume() -> None:
                 while len(samples) < count:
@@ -399,18 +414,20 @@ def bench_broadcast(url: str, count: int, rounds: int, samples: int, rate: float
 
 def bench_catchup(url: str, count: int, buffer_sizes: list[int]) -> dict[str, Any]:
     from api.core.durable_stream import connect
-    from api.core.durable_stream._redis import _APPEND
+    from api.core.durable_stream.adapters.redis.scripts import APPEND_SCRIPT, topic_keys
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}:"
     client = _raw(url)
     result: dict[str, Any] = {"records": count}
     with connect(url, key_prefix=prefix) as backend:
         name = "catchup"
-        keys = backend._driver._keys(name)  # type: ignore[attr-defined]
-        client.script_load(_APPEND.source)
+        keys = topic_keys(prefix, name)
+        client.script_load(APPEND_SCRIPT.source)
         pipe = client.pipeline(transaction=False)
         for index in range(count):  # filled through the adapter's own append script, pipelined
-            pipe.evalsha(_APPEND.sha, 3, *keys, b"%012d" % index + b"x" * (PAYLOAD_SIZE - 12), "e" * 16, 0, 0, "0")
+            pipe.evalsha(
+                APPEND_SCRIPT.sha, 3, *keys, b"%012d" % index + b"x" * (PAYLOAD_SIZE - 12), "e" * 16, 0, 0, "0"
+            )
             if index % 2000 == 1999:
                 pipe.execute()
         pipe.execute()
@@ -573,7 +590,7 @@ def fanout_consumer(
     subscriptions: list[Any] = []
     backend: Any = None
     client: Any = None
-    feed: Any = None
+    watcher: Any = None
     if variant == "broadcast":
         import redis
 
@@ -596,9 +613,10 @@ def fanout_consumer(
                 subscription = topic.subscribe_from_tail()
                 subscription.__enter__()
                 subscriptions.append(subscription)
-        feed = backend._driver._feeds[0]
+        watcher = _raw(url)
+        names = [f"fan-{index}" for index in range(topics)]
         deadline = time.monotonic() + 30
-        while len(feed.subscribed_topics()) < topics and time.monotonic() < deadline:
+        while _subscribed(watcher, prefix, names) < topics and time.monotonic() < deadline:
             gevent.sleep(0.05)
     rss_after = process.memory_info().rss
     latencies: list[float] = []
@@ -666,7 +684,8 @@ def fanout_consumer(
             subscription.close()
         client.close()
     else:
-        connections = {"feed": feed.link_count()}
+        connections = {"feed": _feed_links(watcher)}
+        watcher.close()
         backend.close()
     print(
         json.dumps(

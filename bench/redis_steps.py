@@ -8,9 +8,9 @@ methods in this process only, so the figures carry a little of that wrapping; th
 loop of the same rounds is printed beside them. Per round, medians of:
 
 - ``stamp → hint``: from the producer's timestamp (taken just before ``append()``) to the reader
-  starting on the hint (``Feed._on_hint``);
+  starting on the hint (``RedisChangeFeed.deliver_hint``);
 - ``hint → woken``: the reader parsing the hint, storing it in the prefetch and waking the topic;
-- ``woken → read``: until the subscription runs its read (``Subscription._fill``);
+- ``woken → read``: until the subscription's read reaches the driver (``RedisDriver.read``);
 - ``read → returned``: until ``receive()`` has returned the record.
 
 Nothing is written to ``bench/results``: this explains the latency benchmark, it does not replace it.
@@ -28,29 +28,29 @@ from bench import redis as bench_redis
 
 
 def _round(url: str, count: int, rate: float) -> dict[str, float]:
-    from api.core.durable_stream._redis_feed import Feed
-    from api.core.durable_stream._subscription import Subscription
+    from api.core.durable_stream.adapters.redis.driver import RedisDriver
+    from api.core.durable_stream.adapters.redis.feed import RedisChangeFeed
 
     hints: list[int] = []
     woken: list[int] = []
     reads: list[int] = []
-    on_hint, fill = Feed._on_hint, Subscription._fill
+    on_hint, read = RedisChangeFeed.deliver_hint, RedisDriver.read
 
     def timed_on_hint(self: Any, topic: str, message: bytes) -> None:
         hints.append(time.perf_counter_ns())
         on_hint(self, topic, message)
         woken.append(time.perf_counter_ns())
 
-    def timed_fill(self: Any) -> None:
+    def timed_read(self: Any, *args: Any) -> Any:
         reads.append(time.perf_counter_ns())
-        fill(self)
+        return read(self, *args)
 
     timings: list[tuple[int, int]] = []
-    Feed._on_hint, Subscription._fill = timed_on_hint, timed_fill  # type: ignore[method-assign]
+    RedisChangeFeed.deliver_hint, RedisDriver.read = timed_on_hint, timed_read  # type: ignore[method-assign]
     try:
         bench_redis._latency_ours(url, count, rate, True, timings)
     finally:
-        Feed._on_hint, Subscription._fill = on_hint, fill  # type: ignore[method-assign]
+        RedisChangeFeed.deliver_hint, RedisDriver.read = on_hint, read  # type: ignore[method-assign]
     raw = bench_redis._latency_raw(url, count, rate, True)
 
     def first_after(marks: list[int], at: int) -> int:

@@ -13,8 +13,9 @@ import time
 import pytest
 
 from harness.processes import run_script
+from harness.waiting import wait_until
 
-from .contract._base import blocked_in_wait, wait_until
+from .contract._base import blocked_in_wait
 
 SCENARIOS = textwrap.dedent(
     """
@@ -22,7 +23,7 @@ SCENARIOS = textwrap.dedent(
     monkey.patch_all()
     import json, threading, time
     import gevent
-    from api.core.durable_stream._cooperative import new_wake, run_blocking, _HubWake
+    from api.core.durable_stream._cooperative import new_wake, run_blocking, HubWake
 
     report = {"patched": monkey.is_module_patched("threading"), "kind": type(new_wake()).__name__}
 
@@ -104,7 +105,7 @@ def report() -> dict[str, object]:
 
 def test_under_gevent_the_hub_wake_is_used(report: dict[str, object]) -> None:
     assert report["patched"] is True
-    assert report["kind"] == "_HubWake"
+    assert report["kind"] == "HubWake"
 
 
 def test_a_set_wake_returns_at_once_and_an_unset_one_times_out(report: dict[str, object]) -> None:
@@ -139,7 +140,7 @@ def test_without_gevent_a_set_wake_returns_at_once_and_an_unset_one_times_out() 
     from api.core.durable_stream._cooperative import new_wake
 
     wake = new_wake()
-    assert type(wake).__name__ == "_ThreadWake"
+    assert type(wake).__name__ == "ThreadWake"
     started = time.monotonic()
     assert wake.wait(0.05) is False
     assert 0.04 <= time.monotonic() - started < 1.0
@@ -163,7 +164,7 @@ def test_without_gevent_set_from_another_thread_wakes_the_waiter() -> None:
 
     thread = threading.Thread(target=waiter)
     thread.start()
-    wait_until(lambda: blocked_in_wait(thread), timeout=5, message="the waiter to block in wait()")
+    wait_until(lambda: blocked_in_wait(thread), timeout=5, what="the waiter to block in wait()")
     wake.set()
     thread.join(5.0)
     assert results and results[0][0] is True and results[0][1] < 5.0, results
@@ -185,9 +186,9 @@ def test_without_gevent_a_wake_up_nobody_took_is_dropped_by_clear() -> None:
 
 
 def test_without_gevent_the_on_set_callback_runs_on_every_set_even_with_a_wake_up_pending() -> None:
-    from api.core.durable_stream._cooperative import _ThreadWake
+    from api.core.durable_stream._cooperative import ThreadWake
 
-    wake = _ThreadWake()
+    wake = ThreadWake()
     calls: list[bool] = []
     wake.on_set(lambda: calls.append(wake.is_set()))
     wake.set()

@@ -95,21 +95,21 @@ def test_import_linter_contract_holds() -> None:
 def test_backend_repr_shows_the_url_without_secrets(tmp_path: object) -> None:
     with connect(f"sqlite:////{str(tmp_path).lstrip('/')}/s.db?synchronous=normal") as backend:
         assert repr(backend) == f"<DurableStreamBackend sqlite:////{str(tmp_path).lstrip('/')}/s.db>"
-    from api.core.durable_stream._connect import _redact
+    from api.core.durable_stream._connect import redact_url
 
     parts = urllib.parse.urlsplit("postgresql://app:s3cret@db:5432/x?schema=y")
-    assert _redact(parts) == "postgresql://app:***@db:5432/x"
+    assert redact_url(parts) == "postgresql://app:***@db:5432/x"
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_fork_while_a_subscription_changes_state_leaves_the_child_able_to_subscribe() -> None:
-    from api.core.durable_stream import _subscription
+    from tests.durable_stream import hooks
 
     with connect("memory://") as backend:
         topic = backend.topic("t")
         topic.append(b"one")
         # Another thread in the middle of an enter() or close() at the moment of the fork.
-        with _subscription._TRANSITIONS:
+        with hooks.subscription_transitions():
             pid = os.fork()
             if pid == 0:  # the child: fail by SIGALRM if the lock came along held
                 signal.alarm(5)

@@ -15,8 +15,7 @@ import pytest
 
 from api.core.durable_stream._fair import FairLock, FairSemaphore
 from harness.processes import run_script
-
-from .contract._base import wait_until
+from harness.waiting import wait_until
 
 
 def _queued(semaphore: FairSemaphore, count: int) -> Callable[[], bool]:
@@ -37,7 +36,7 @@ def test_waiters_are_served_in_arrival_order() -> None:
         thread = threading.Thread(target=take, args=(index,))
         thread.start()
         threads.append(thread)
-        wait_until(_queued(lock, index + 1), timeout=5, message=f"waiter {index} to queue")
+        wait_until(_queued(lock, index + 1), timeout=5, what=f"waiter {index} to queue")
     lock.release()
     for thread in threads:
         thread.join(timeout=5)
@@ -58,7 +57,7 @@ def test_a_releasing_holder_cannot_take_the_lock_back_past_a_waiter() -> None:
 
     waiter = threading.Thread(target=wait_for_turn)
     waiter.start()
-    wait_until(_queued(lock, 1), timeout=5, message="the waiter to queue")
+    wait_until(_queued(lock, 1), timeout=5, what="the waiter to queue")
     lock.release()
     assert not lock.acquire(blocking=False), "the releasing thread took the lock back"
     assert got_it.wait(5)

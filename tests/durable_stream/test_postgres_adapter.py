@@ -29,8 +29,9 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     connect,
 )
-from api.core.durable_stream._cursor import CursorCodec
-from tests.durable_stream.contract._base import closing_all, drain
+from harness.waiting import wait_until
+from tests.durable_stream import hooks
+from tests.durable_stream.contract._base import drain
 
 SHARED_URL = "postgresql://postgres@127.0.0.1:5432/test"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,13 +53,8 @@ def schema(engine: sqlalchemy.Engine) -> Iterator[str]:
 
 
 @pytest.fixture
-def open_backend(schema: str) -> Iterator[Callable[..., DurableStreamBackend]]:
-    def open_(url: str = SHARED_URL, **options: Any) -> DurableStreamBackend:
-        options.setdefault("schema", schema)
-        return connect(url, **options)
-
-    with closing_all(open_) as opener:
-        yield opener
+def backend_defaults(schema: str) -> dict[str, Any]:
+    return {"schema": schema}
 
 
 def _name() -> str:
@@ -99,7 +95,7 @@ def test_every_url_form_reaches_the_same_store(open_backend: Callable[..., Durab
         "POSTGRESQL://postgres@127.0.0.1:5432/test",
     ):
         other = open_backend(url)
-        assert other._driver.identity == first._driver.identity
+        assert hooks.identity(other) == hooks.identity(first)
         info = other.admin.topic_info(name)
         assert info is not None and info.last_ordinal == 1
 
@@ -136,13 +132,14 @@ def test_processes_starting_at_once_create_the_tables_once(schema: str, engine: 
     script = """
         import sys, time
         from api.core.durable_stream import connect
+        from tests.durable_stream import hooks
         url, schema, start_at, name = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
-        while time.time() < start_at:
+        while time.time() < start_at:  # deliberate timing: every process starts at the same moment
             time.sleep(0.001)
         with connect(url, schema=schema) as backend:
             for index in range(5):
                 backend.topic("shared").append(f"{name}-{index}".encode())
-            print(backend._driver.identity)
+            print(hooks.identity(backend))
         """
     processes = [
         subprocess.Popen(
@@ -164,10 +161,10 @@ def test_processes_starting_at_once_create_the_tables_once(schema: str, engine: 
 
 
 def test_migration_command_and_create_tables_false(schema: str, open_backend: Callable[..., Any]) -> None:
-    with pytest.raises(DurableStreamUnavailableError, match="_postgres_schema"):
+    with pytest.raises(DurableStreamUnavailableError, match=r"adapters\.postgres\.schema"):
         open_backend(create_tables=False)
     printed = subprocess.run(
-        [sys.executable, "-m", "api.core.durable_stream._postgres_schema", "--print-sql", "--schema", schema],
+        [sys.executable, "-m", "api.core.durable_stream.adapters.postgres.schema", "--print-sql", "--schema", schema],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -177,7 +174,7 @@ def test_migration_command_and_create_tables_false(schema: str, open_backend: Ca
     assert f'CREATE TABLE IF NOT EXISTS "{schema}".records' in printed.stdout
     for _ in range(2):  # idempotent
         migrated = subprocess.run(
-            [sys.executable, "-m", "api.core.durable_stream._postgres_schema", SHARED_URL, "--schema", schema],
+            [sys.executable, "-m", "api.core.durable_stream.adapters.postgres.schema", SHARED_URL, "--schema", schema],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -289,7 +286,7 @@ def test_commit_order_equals_ordinal_order_with_slow_committers(
     with engine.connect() as conn:
         stored = conn.exec_driver_sql(f'SELECT payload FROM "{schema}".records ORDER BY seq').scalars().all()
     assert len(stored) == total
-    codec = CursorCodec(writer._driver.identity, name)
+    codec = hooks.cursor_codec(writer, name)
     for records in results:
         ordinals = [codec.decode(r.cursor).position.ordinal for r in records]
         assert ordinals == list(range(1, total + 1))
@@ -368,10 +365,10 @@ def test_gevent_blocked_receives_do_not_stop_other_greenlets(schema: str) -> Non
             end = time.monotonic() + 2.5
             while time.monotonic() < end:
                 ticks.append(time.monotonic())
-                gevent.sleep(0.01)
+                gevent.sleep(0.01)  # pacing: the 10 ms ticker whose lateness shows a blocked hub
 
         def produce():
-            gevent.sleep(0.5)
+            gevent.sleep(0.5)  # deliberate timing: append while the readers block in receive()
             for name in names[:10]:
                 writer.topic(name).append(name.encode())
 
@@ -516,13 +513,13 @@ def test_enforce_retention_works_in_batches_without_stalling_appends(
             info = backend.admin.topic_info(name)
             assert info is not None
             firsts.add(info.first_ordinal)
-            time.sleep(0.01)
+            time.sleep(0.01)  # pacing: sample the first retained ordinal every 10 ms
 
     helpers = [threading.Thread(target=append_meanwhile), threading.Thread(target=watch_first_ordinal)]
     for helper in helpers:
         helper.start()
     try:
-        time.sleep(0.2)
+        wait_until(lambda: len(appended) >= 10, timeout=10.0, what="the appender to be appending")
         started = time.monotonic()
         removed = backend.admin.enforce_retention()
         took = time.monotonic() - started

@@ -29,9 +29,10 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     connect,
 )
-from api.core.durable_stream._cursor import CursorCodec
 from harness.postgres_server import PostgresServer, postgres_available
-from tests.durable_stream.contract._base import blocked_in_wait, wait_until
+from harness.waiting import wait_until
+from tests.durable_stream import hooks
+from tests.durable_stream.contract._base import blocked_in_wait
 
 pytestmark = pytest.mark.skipif(not postgres_available(), reason="PostgreSQL server binaries are not installed")
 
@@ -104,17 +105,17 @@ def test_terminated_connections_are_replaced_without_skipping(running: PostgresS
 
         consumer = threading.Thread(target=consume)
         consumer.start()
-        wait_until(lambda: len(received) == 5, timeout=10, message="the first records")
-        wait_until(lambda: len(_backend_pids(running, app)) >= 2, timeout=10, message="the hint connection")
+        wait_until(lambda: len(received) == 5, timeout=10, what="the first records")
+        wait_until(lambda: len(_backend_pids(running, app)) >= 2, timeout=10, what="the hint connection")
         before = _backend_pids(running, app)
         assert _terminate(running, app) >= 2  # the hint connection and the idle pooled one(s)
         for index in range(5, 10):
             topic.append(f"r{index}".encode())
         wait_until(
-            lambda: len(received) == 10 or bool(errors), timeout=10, message="records appended after the termination"
+            lambda: len(received) == 10 or bool(errors), timeout=10, what="records appended after the termination"
         )
         wait_until(
-            lambda: bool(_backend_pids(running, app) - before), timeout=10, message="the hint connection to come back"
+            lambda: bool(_backend_pids(running, app) - before), timeout=10, what="the hint connection to come back"
         )
         time.sleep(0.2)  # let it LISTEN again
         latencies = []
@@ -122,13 +123,13 @@ def test_terminated_connections_are_replaced_without_skipping(running: PostgresS
             started = time.monotonic()
             topic.append(f"r{index}".encode())
             wait_until(
-                lambda i=index: len(received) > i or bool(errors), timeout=5, message="a record after the reconnect"
+                lambda i=index: len(received) > i or bool(errors), timeout=5, what="a record after the reconnect"
             )
             latencies.append(time.monotonic() - started)
         done.wait(10)
         consumer.join(10)
         assert not errors, errors
-        codec = CursorCodec(reader._driver.identity, name)
+        codec = hooks.cursor_codec(reader, name)
         assert [r.payload for r in received] == [f"r{i}".encode() for i in range(15)]
         assert [codec.decode(r.cursor).position.ordinal for r in received] == list(range(1, 16))
         assert max(latencies) < 1.0, latencies  # woken by NOTIFY again, not by the 30 s poll
@@ -147,12 +148,12 @@ def test_idle_pooled_connections_closed_by_the_server_are_never_handed_to_an_app
             topic.append(b"warm")
         # Four pooled connections, all idle afterwards: held at once, so that none is reused (four
         # appends racing after a barrier sometimes shared one).
-        held = [backend._driver._engine.raw_connection() for _ in range(4)]  # type: ignore[attr-defined]
+        held = [hooks.postgres_engine(backend).raw_connection() for _ in range(4)]
         for pooled in held:
             pooled.close()
         assert len(_backend_pids(running, app)) == 4
         _terminate(running, app)
-        wait_until(lambda: not _backend_pids(running, app), timeout=10, message="the terminated backends to exit")
+        wait_until(lambda: not _backend_pids(running, app), timeout=10, what="the terminated backends to exit")
         # Appends are never retried (the record might be stored twice), so each of these succeeding
         # shows that the dead idle connections were discarded at checkout, not used.
         for round_ in range(3):
@@ -239,7 +240,7 @@ def test_server_down_while_a_subscription_waits_then_recovers(running: PostgresS
 
         waiter = threading.Thread(target=wait_in_receive)
         waiter.start()
-        wait_until(lambda: blocked_in_wait(waiter), timeout=5, message="receive() to block")
+        wait_until(lambda: blocked_in_wait(waiter), timeout=5, what="receive() to block")
         assert not outcome, "receive() returned before the server went down"
         stopped_at = time.monotonic()
         if how == "stop":

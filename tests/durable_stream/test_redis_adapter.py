@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -33,11 +33,15 @@ from api.core.durable_stream import (
 )
 from api.core.durable_stream._cooperative import gevent_active, new_wake
 from api.core.durable_stream._driver import Position
-from api.core.durable_stream._redis import RedisDriver
-from api.core.durable_stream._redis_feed import Feed
 from harness.redis_server import RedisServer, free_port, redis_available
+from tests.durable_stream import hooks
 
-from .contract._base import blocked_in_wait, closing_all, drain, drain_until_closed, payloads, wait_until
+if TYPE_CHECKING:
+    from api.core.durable_stream.adapters.redis.feed import RedisChangeFeed
+
+from harness.waiting import wait_until
+
+from .contract._base import blocked_in_wait, drain, drain_until_closed, payloads, waiting_in_receive
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
 KEY_PREFIX = f"dstest-{uuid.uuid4().hex[:12]}:"
@@ -46,13 +50,8 @@ needs_redis_server = pytest.mark.skipif(not redis_available(), reason="redis-ser
 
 
 @pytest.fixture
-def open_backend() -> Iterator[Callable[..., DurableStreamBackend]]:
-    def open_(url: str = SHARED_URL, **options: Any) -> DurableStreamBackend:
-        options.setdefault("key_prefix", KEY_PREFIX)
-        return connect(url, **options)
-
-    with closing_all(open_) as opener:
-        yield opener
+def backend_defaults() -> dict[str, Any]:
+    return {"key_prefix": KEY_PREFIX}
 
 
 @pytest.fixture
@@ -72,20 +71,8 @@ def client() -> Iterator[redis.Redis]:
     connection.close()
 
 
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as private:
-        yield private
-
-
-def driver_of(backend: DurableStreamBackend) -> RedisDriver:
-    driver = backend._driver
-    assert isinstance(driver, RedisDriver)
-    return driver
-
-
 def keys_of(backend: DurableStreamBackend, topic: str) -> tuple[bytes, bytes, bytes]:
-    return driver_of(backend)._keys(topic)
+    return hooks.redis_keys(backend, topic)
 
 
 def cursor_after(backend: DurableStreamBackend, name: str, count: int) -> list[Any]:
@@ -147,7 +134,7 @@ def test_the_tail_survives_a_trim_to_empty(backend: DurableStreamBackend, client
     backend.admin.trim_topic(name, keep_last=0)
     _, stream, _ = keys_of(backend, name)
     assert client.xlen(stream) == 0
-    head = driver_of(backend).head(name, create=False)
+    head = hooks.redis_driver(backend).head(name, create=False)
     assert head is not None and (head.first, head.last) == (4, 3)
     assert head.last_native == client.xinfo_stream(stream)["last-generated-id"].decode()
     with topic.subscribe_from_tail() as subscription:
@@ -163,7 +150,7 @@ def test_read_locates_an_ordinal_without_a_stream_id(backend: DurableStreamBacke
         if index % 7 == 0:
             time.sleep(0.002)  # spread the entries over several milliseconds, several per millisecond
     backend.admin.trim_topic(name, keep_last=50)  # first retained ordinal: 11
-    driver = driver_of(backend)
+    driver = hooks.redis_driver(backend)
     for after in (10, 11, 12, 25, 33, 58, 59, 60):
         batch = driver.read(name, Position(after, ""), 5)
         assert [r.ordinal for r in batch.records] == list(range(after + 1, min(after + 6, 61)))
@@ -176,7 +163,7 @@ def test_read_locates_an_ordinal_without_a_stream_id(backend: DurableStreamBacke
 def test_a_malformed_stream_id_in_a_cursor_position_is_a_cursor_error(backend: DurableStreamBackend, name: str) -> None:
     backend.topic(name).append(b"x")
     with pytest.raises(CursorUnavailableError):
-        driver_of(backend).read(name, Position(1, "not-an-id"), 5)
+        hooks.redis_driver(backend).read(name, Position(1, "not-an-id"), 5)
 
 
 def test_options_are_validated(open_backend: Callable[..., DurableStreamBackend]) -> None:
@@ -189,8 +176,7 @@ def test_options_are_validated(open_backend: Callable[..., DurableStreamBackend]
     with pytest.raises(ValueError):
         open_backend(max_records=0)
     backend = open_backend(f"{SHARED_URL}?max_records=3&read_connections=2&prefetch=false")
-    driver = driver_of(backend)
-    assert driver._max_records == 3 and driver._prefetch is None
+    assert hooks.redis_settings(backend).max_records == 3 and not hooks.redis_prefetching(backend)
 
 
 def test_a_second_backend_with_the_same_prefix_resumes_cursors(
@@ -255,7 +241,7 @@ def test_expired_topic_keys_are_detected(
     cursor = cursor_after(backend, name, 1)[0]
     live = topic.subscribe_from_cursor(cursor)
     live.__enter__()
-    wait_until(lambda: client.exists(meta, stream) == 0, timeout=10, message="the keys to expire")
+    wait_until(lambda: client.exists(meta, stream) == 0, timeout=10, what="the keys to expire")
     expect_unavailable_cursor(backend, name, cursor)
     with pytest.raises(CursorUnavailableError):
         live.receive(timeout=5)  # the periodic head check finds the topic gone
@@ -322,13 +308,13 @@ def test_a_seal_by_another_backend_wakes_a_reader_before_the_fallback_poll(
 ) -> None:
     reader, writer = open_backend(), open_backend()
     with reader.topic(name).subscribe_from_tail() as subscription:
-        wait_until(lambda: name in _subscribed_topics(reader), message="the shared reader to subscribe")
+        wait_until(lambda: name in _subscribed_topics(reader), timeout=10.0, what="the shared reader to subscribe")
         writer.topic(name).append(b"last")
         assert [r.payload for r in drain(subscription, 1)] == [b"last"]
         started = time.monotonic()
         writer.topic(name).seal()
         assert subscription.receive(timeout=5) is CLOSED
-        assert time.monotonic() - started < driver_of(reader).poll_interval / 2
+        assert time.monotonic() - started < hooks.redis_driver(reader).reread_interval / 2
     with pytest.raises(TopicSealedError):
         reader.topic(name).append(b"late")
 
@@ -337,15 +323,14 @@ def test_records_from_another_backend_arrive_through_the_hint_without_extra_read
     open_backend: Callable[..., DurableStreamBackend], name: str
 ) -> None:
     reader, writer = open_backend(), open_backend()
-    driver = driver_of(reader)
-    reads = _count_reads(driver)
+    reads = hooks.count_redis_reads(reader)
     subscriptions = [reader.topic(name).subscribe_from_tail() for _ in range(10)]
     for subscription in subscriptions:
         subscription.__enter__()
     writer.topic(name).append(b"warm-up")  # gives every subscription a stream ID to chain from
     for subscription in subscriptions:
         assert [r.payload for r in drain(subscription, 1)] == [b"warm-up"]
-    wait_until(lambda: name in _subscribed_topics(reader), message="the shared reader to subscribe")
+    wait_until(lambda: name in _subscribed_topics(reader), timeout=10.0, what="the shared reader to subscribe")
     before = reads()
     for index in range(20):
         writer.topic(name).append(str(index).encode())
@@ -439,7 +424,7 @@ def test_2000_subscriptions_on_200_topics_read_over_at_most_4_connections(server
                     if all(len(received[i]) >= records for i in indices):
                         return
                     if idle:
-                        time.sleep(0.005)
+                        time.sleep(0.005)  # pacing: this thread polls 100 subscriptions with receive(timeout=0)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -458,7 +443,7 @@ def test_2000_subscriptions_on_200_topics_read_over_at_most_4_connections(server
         for i, (name, _) in enumerate(subscriptions):
             assert received[i] == [f"{name}:{n}".encode() for n in range(records)]
         assert peak_readers <= 4, f"{peak_readers} connections read for 2,000 subscriptions"
-        assert driver_of(backend)._feeds[0].link_count() == 1
+        assert hooks.redis_feed(backend).link_count() == 1
         # Closing some subscriptions wakes nobody else and leaves the rest working.
         for _, subscription in subscriptions[::2]:
             subscription.close()
@@ -484,40 +469,31 @@ def _receiving(subscription: DurableStreamSubscription, into: list[Any], timeout
     return thread
 
 
-def _feed(backend: DurableStreamBackend) -> Feed:
-    feed = driver_of(backend)._feeds[0]
-    assert isinstance(feed, Feed)
-    return feed
+def _feed(backend: DurableStreamBackend) -> RedisChangeFeed:
+    return hooks.redis_feed(backend)
 
 
-def _reads_the_links(feed: Feed, thread: threading.Thread) -> bool:
-    return feed._reader == thread.ident and blocked_in_wait(thread)
+def _reads_the_links(feed: RedisChangeFeed, thread: threading.Thread) -> bool:
+    return hooks.links_reader(feed) == thread.ident and blocked_in_wait(thread)
 
 
-def _in_receive(subscription: DurableStreamSubscription, thread: threading.Thread) -> bool:
-    """Whether ``thread`` (a greenlet under gevent) is blocked in ``subscription.receive()``."""
-    if gevent_active():
-        return bool(subscription._wake._waiters)  # type: ignore[attr-defined]
-    return blocked_in_wait(thread)
-
-
-def _subscribed_feed(backend: DurableStreamBackend, *topics: str, listening: bool = False) -> Feed:
+def _subscribed_feed(backend: DurableStreamBackend, *topics: str, listening: bool = False) -> RedisChangeFeed:
     """The backend's feed, once the topics' hints arrive (and, with ``listening``, its listener reads)."""
     feed = _feed(backend)
-    wait_until(lambda: set(topics) <= _subscribed_topics(backend), message="the shared reader to subscribe")
+    wait_until(lambda: set(topics) <= _subscribed_topics(backend), timeout=10.0, what="the shared reader to subscribe")
     if listening:
-        wait_until(lambda: feed._reader == feed._thread.ident, message="the listener to read")
+        wait_until(lambda: hooks.listener_reads(feed), timeout=10.0, what="the listener to read")
     return feed
 
 
 def _receive_reading_the_hints(
     backend: DurableStreamBackend, subscription: DurableStreamSubscription, *topics: str
-) -> tuple[Feed, threading.Thread, list[Any]]:
+) -> tuple[RedisChangeFeed, threading.Thread, list[Any]]:
     """Once the topics' hints arrive, start a ``receive()`` and wait until it reads them itself."""
     feed = _subscribed_feed(backend, *topics)
     received: list[Any] = []
     thread = _receiving(subscription, received, timeout=30)
-    wait_until(partial(_reads_the_links, feed, thread), message="receive() to read the hints itself")
+    wait_until(partial(_reads_the_links, feed, thread), timeout=10.0, what="receive() to read the hints itself")
     return feed, thread, received
 
 
@@ -541,9 +517,9 @@ def test_a_lone_waiting_subscription_takes_the_hints_from_the_listener_and_gives
         for number in range(3):
             feed, thread, received = _receive_reading_the_hints(reader, subscription, name)
             _append_and_expect(writer, name, f"hinted-{number}".encode(), thread, received)
-            assert feed._reader != thread.ident
+            assert hooks.links_reader(feed) != thread.ident
     # Closing the subscription unwatches its topic, which calls the listener back at once.
-    wait_until(lambda: feed._reader == feed._thread.ident, timeout=0.5, message="the listener to read again")
+    wait_until(lambda: hooks.listener_reads(feed), timeout=0.5, what="the listener to read again")
 
 
 @threads_only
@@ -557,7 +533,7 @@ def test_a_wake_up_from_another_thread_interrupts_a_subscription_reading_the_hin
         returned = threading.Event()
         thread = threading.Thread(target=lambda: (feed.wait(wake, 30), returned.set()), daemon=True)
         thread.start()
-        wait_until(lambda: _reads_the_links(feed, thread), message="the waiter to read the hints itself")
+        wait_until(lambda: _reads_the_links(feed, thread), timeout=10.0, what="the waiter to read the hints itself")
         started = time.monotonic()
         wake.set()  # no hint: nothing arrives on the link, only the wake-up
         assert returned.wait(5)
@@ -581,11 +557,11 @@ def test_when_the_reading_subscription_leaves_the_listener_serves_the_others_at_
         feed, leader, got_one = _receive_reading_the_hints(reader, one, first, second)
         got_other: list[Any] = []
         follower = _receiving(other, got_other)
-        wait_until(lambda: blocked_in_wait(follower), message="the second waiter to block")
-        assert feed._reader == leader.ident  # a second waiter does not take the links
+        wait_until(lambda: blocked_in_wait(follower), timeout=10.0, what="the second waiter to block")
+        assert hooks.links_reader(feed) == leader.ident  # a second waiter does not take the links
         _append_and_expect(writer, first, b"for the reader", leader, got_one)
         # The follower still waits: the listener must read for it now, not at its next tick.
-        wait_until(lambda: feed._reader == feed._thread.ident, timeout=0.5, message="the listener to take over")
+        wait_until(lambda: hooks.listener_reads(feed), timeout=0.5, what="the listener to take over")
         _append_and_expect(writer, second, b"for the follower", follower, got_other)
 
 
@@ -599,16 +575,17 @@ def test_a_lone_waiter_whose_hand_over_request_times_out_is_still_served_at_once
     # waiter withdraws its request; the listener must go on reading for it, not give the links
     # up to nobody until its next tick.
     armed, dawdled = threading.Event(), threading.Event()
-    original = getattr(Feed, dawdling_in)
+    feed_class = hooks.redis_change_feed_class()
+    original = getattr(feed_class, dawdling_in)
 
-    def dawdling(feed: Feed) -> None:
+    def dawdling(feed: RedisChangeFeed) -> None:
         original(feed)
         if armed.is_set():
             armed.clear()
             time.sleep(0.05)  # the slowness being simulated, well over the 10 ms a hand-over waits
             dawdled.set()
 
-    monkeypatch.setattr(Feed, dawdling_in, dawdling)
+    monkeypatch.setattr(feed_class, dawdling_in, dawdling)
     reader, writer = open_backend(), open_backend()
     with reader.topic(name).subscribe_from_tail() as subscription:
         _subscribed_feed(reader, name, listening=True)
@@ -616,7 +593,7 @@ def test_a_lone_waiter_whose_hand_over_request_times_out_is_still_served_at_once
         received: list[Any] = []
         thread = _receiving(subscription, received)
         assert dawdled.wait(5)
-        wait_until(lambda: blocked_in_wait(thread), message="receive() to wait")
+        wait_until(lambda: blocked_in_wait(thread), timeout=10.0, what="receive() to wait")
         _append_and_expect(writer, name, b"served by the listener", thread, received)
 
 
@@ -633,14 +610,14 @@ def test_the_listener_sleeps_while_a_subscription_reads_even_when_called_meanwhi
         ticks = os.sysconf("SC_CLK_TCK")
 
         def listener_cpu() -> float:
-            fields = (stat / str(feed._thread.native_id) / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = (stat / str(hooks.listener_thread(feed).native_id) / "stat").read_text().rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
 
         before = listener_cpu()
-        feed._vacated.set()  # a call for the listener left over while the subscription keeps reading
+        hooks.leave_listener_call(feed)  # a call for the listener left over while the subscription keeps reading
         time.sleep(0.5)  # the span over which CPU time is measured, not a wait for a condition
         assert listener_cpu() - before < 0.1
-        assert feed._reader == thread.ident
+        assert hooks.links_reader(feed) == thread.ident
         _append_and_expect(writer, name, b"still read by the subscription", thread, received)
 
 
@@ -651,16 +628,16 @@ def test_a_link_disconnected_under_a_reading_subscription_is_replaced_with_its_s
     reader, writer = open_backend(), open_backend()
     with reader.topic(name).subscribe_from_tail() as subscription:
         feed, thread, received = _receive_reading_the_hints(reader, subscription, name)
-        (link,) = feed._links.values()
+        (link,) = hooks.feed_links(feed).values()
         # What redis-py does to a connection whose read is interrupted (KeyboardInterrupt in the
         # reading thread): it disconnects, and would reconnect on its next use without the
         # subscription. The feed must treat that as a broken link.
         link.connection.disconnect()
-        feed._wake()
+        hooks.wake_listener(feed)
         wait_until(
-            lambda: feed._links.get(link.address) not in (None, link) and name in _subscribed_topics(reader),
+            lambda: hooks.feed_links(feed).get(link.address) not in (None, link) and name in _subscribed_topics(reader),
             timeout=5,
-            message="a new link with the topic's subscription",
+            what="a new link with the topic's subscription",
         )
         _append_and_expect(writer, name, b"after the new link", thread, received)
 
@@ -674,7 +651,7 @@ def test_a_topic_watched_while_a_subscription_reads_the_hints_is_subscribed_by_t
     with reader.topic(early).subscribe_from_tail() as waiting:
         _, thread, got = _receive_reading_the_hints(reader, waiting, early)
         with reader.topic(late).subscribe_from_tail() as newcomer:
-            wait_until(lambda: late in _subscribed_topics(reader), timeout=2, message="the new topic's hints")
+            wait_until(lambda: late in _subscribed_topics(reader), timeout=2, what="the new topic's hints")
             writer.topic(late).append(b"late")
             assert [r.payload for r in drain(newcomer, 1)] == [b"late"]
         _append_and_expect(writer, early, b"early", thread, got)
@@ -688,11 +665,11 @@ def test_closing_the_backend_stops_its_shared_reader_at_once(name: str, waiting:
         received: list[Any] = []
         if waiting:
             thread = _receiving(subscription, received, timeout=30)
-            wait_until(lambda: _in_receive(subscription, thread), message="receive() to block")
+            wait_until(lambda: waiting_in_receive(subscription, thread), timeout=10.0, what="receive() to block")
         started = time.monotonic()
         backend.close()
         assert time.monotonic() - started < 0.5
-        assert not feed._thread.is_alive()
+        assert not hooks.listener_thread(feed).is_alive()
         if waiting:
             thread.join(timeout=5)
             assert received == [CLOSED]
@@ -706,54 +683,26 @@ def test_under_gevent_the_listener_alone_reads_the_hints(
     with reader.topic(name).subscribe_from_tail() as subscription:
         feed = _subscribed_feed(reader, name)
         readers: set[int] = set()
-        original = feed._on_hint
 
-        def recorded(topic: str, message: bytes) -> None:
+        def recorded(deliver: Callable[[str, bytes], None], topic: str, message: bytes) -> None:
             readers.add(threading.get_ident())
-            original(topic, message)
+            deliver(topic, message)
 
-        feed._on_hint = recorded  # type: ignore[method-assign]
+        hooks.intercept_redis_hints(feed, recorded)
         received: list[Any] = []
         thread = _receiving(subscription, received)
-        wait_until(lambda: _in_receive(subscription, thread), message="receive() to block")
+        wait_until(lambda: waiting_in_receive(subscription, thread), timeout=10.0, what="receive() to block")
         writer.topic(name).append(b"via the listener")
         thread.join(timeout=5)
         assert [r.payload for r in received] == [b"via the listener"]
-        assert readers == {feed._thread.ident}
+        assert readers == {hooks.listener_thread(feed).ident}
 
 
 # -- helpers ----------------------------------------------------------------------------------
 
 
 def _subscribed_topics(backend: DurableStreamBackend) -> set[str]:
-    return {topic for feed in driver_of(backend)._feeds for topic in feed.subscribed_topics()}
-
-
-def _count_head_checks(driver: RedisDriver) -> list[list[str]]:
-    """Record the topics of every periodic head check (the real check still runs)."""
-    made: list[list[str]] = []
-    original = driver._heads
-
-    def counted(topics: list[str]) -> Any:
-        made.append(list(topics))
-        return original(topics)
-
-    driver._heads = counted  # type: ignore[method-assign]
-    return made
-
-
-def _count_reads(driver: RedisDriver) -> Callable[[], int]:
-    """Count the reads that reach Redis by wrapping the deployment's read (the real one still runs)."""
-    counter = [0]
-    deployment = driver._redis
-    original = deployment.read
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        counter[0] += 1
-        return original(*args, **kwargs)
-
-    deployment.read = counted  # type: ignore[method-assign]
-    return lambda: counter[0]
+    return {topic for feed in hooks.redis_feeds(backend) for topic in feed.subscribed_topics()}
 
 
 def _reading_connections(server: RedisServer) -> int:
@@ -765,13 +714,14 @@ class _Monitor:
     """Every command the server runs (including those inside scripts), via MONITOR."""
 
     def __init__(self, port: int) -> None:
+        self._port = port
         self._sock = socket.create_connection(("127.0.0.1", port))
         self._sock.sendall(b"MONITOR\r\n")
         self._buffer = b""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
-        wait_until(lambda: b"+OK" in self._buffer, message="MONITOR to start")
+        wait_until(lambda: b"+OK" in self._buffer, timeout=10.0, what="MONITOR to start")
 
     def _run(self) -> None:
         self._sock.settimeout(0.1)
@@ -787,7 +737,12 @@ class _Monitor:
             self._buffer += chunk
 
     def stop(self) -> list[str]:
-        time.sleep(0.2)
+        # Commands already run may still be on their way here: a marker sent after them arrives after them.
+        marker = f"monitor-end-{uuid.uuid4().hex}".encode()
+        with socket.create_connection(("127.0.0.1", self._port)) as other:
+            other.sendall(b"ECHO " + marker + b"\r\n")
+            other.recv(1024)
+        wait_until(lambda: marker in self._buffer, timeout=10.0, what="MONITOR to show every command")
         self._stop.set()
         self._thread.join(timeout=5)
         self._sock.close()
@@ -807,9 +762,8 @@ def test_idle_subscriptions_cost_no_reads_and_one_head_check_covers_all_topics(
     open_backend: Callable[..., DurableStreamBackend], name: str
 ) -> None:
     backend = open_backend(poll_interval=0.05)
-    driver = driver_of(backend)
-    reads = _count_reads(driver)
-    checks = _count_head_checks(driver)
+    reads = hooks.count_redis_reads(backend)
+    checks = hooks.count_redis_head_checks(backend)
     names = [f"{name}-{index}" for index in range(5)]
     subscriptions = []
     for topic_name in names:
@@ -819,8 +773,8 @@ def test_idle_subscriptions_cost_no_reads_and_one_head_check_covers_all_topics(
             subscription.__enter__()
             assert [r.payload for r in drain(subscription, 1)] == [b"r0"]
             subscriptions.append(subscription)
-    wait_until(lambda: set(names) <= _subscribed_topics(backend), message="the shared reader to subscribe")
-    wait_until(lambda: len(checks) >= 2, message="two periodic head checks")
+    wait_until(lambda: set(names) <= _subscribed_topics(backend), timeout=10.0, what="the shared reader to subscribe")
+    wait_until(lambda: len(checks) >= 2, timeout=10.0, what="two periodic head checks")
     before_reads, before_checks = reads(), len(checks)
     started = time.monotonic()
     for subscription in subscriptions:
@@ -844,27 +798,25 @@ def test_a_lost_hint_is_recovered_by_the_periodic_head_check(
     open_backend: Callable[..., DurableStreamBackend], name: str
 ) -> None:
     reader, writer = open_backend(poll_interval=0.2), open_backend()
-    feed_driver = driver_of(reader)
     with reader.topic(name).subscribe_from_tail() as subscription:
-        wait_until(lambda: name in _subscribed_topics(reader), message="the shared reader to subscribe")
-        feed = feed_driver._feeds[0]
+        wait_until(lambda: name in _subscribed_topics(reader), timeout=10.0, what="the shared reader to subscribe")
+        feed = hooks.redis_feed(reader)
         dropped: list[bytes] = []
-        deliver = feed._on_hint
 
-        def lose_one(topic: str, message: bytes) -> None:
+        def lose_one(deliver: Callable[[str, bytes], None], topic: str, message: bytes) -> None:
             if topic == name and not dropped:
                 dropped.append(message)  # as if the link had lost it
                 return
             deliver(topic, message)
 
-        feed._on_hint = lose_one  # type: ignore[method-assign]
+        hooks.intercept_redis_hints(feed, lose_one)
         started = time.monotonic()
         writer.topic(name).append(b"unannounced")
         assert [r.payload for r in drain(subscription, 1, timeout=5)] == [b"unannounced"]
         # Without the check it would wait for the subscription's own last-resort re-read.
-        assert time.monotonic() - started < min(2.0, feed_driver.poll_interval / 2)
+        assert time.monotonic() - started < min(2.0, hooks.redis_driver(reader).reread_interval / 2)
         # The hint did arrive (and was dropped), possibly after the check had already delivered.
-        wait_until(lambda: bool(dropped), message="the hint to be intercepted")
+        wait_until(lambda: bool(dropped), timeout=10.0, what="the hint to be intercepted")
 
 
 def test_a_seal_right_after_an_append_closes_readers_fed_from_the_prefetch(
@@ -876,7 +828,8 @@ def test_a_seal_right_after_an_append_closes_readers_fed_from_the_prefetch(
         with reader.topic(topic_name).subscribe_from_tail() as subscription:
             wait_until(
                 lambda topic_name=topic_name: topic_name in _subscribed_topics(reader),
-                message="the shared reader to subscribe",
+                timeout=10.0,
+                what="the shared reader to subscribe",
             )
             writer.topic(topic_name).append(b"last")
             writer.topic(topic_name).seal()
@@ -895,7 +848,7 @@ def test_keys_deleted_by_hand_are_detected_by_a_waiting_reader_without_any_hint(
     topic.append(b"r0")
     with topic.subscribe_from_beginning() as subscription:
         assert [r.payload for r in drain(subscription, 1)] == [b"r0"]
-        wait_until(lambda: name in _subscribed_topics(backend), message="the shared reader to subscribe")
+        wait_until(lambda: name in _subscribed_topics(backend), timeout=10.0, what="the shared reader to subscribe")
         assert subscription.receive(timeout=0.3) is None
         client.delete(*keys_of(backend, name)[:2])  # no script, so no hint
         started = time.monotonic()
@@ -918,7 +871,9 @@ def test_rediss_url_reaches_a_tls_server(tmp_path: pathlib.Path) -> None:
         with connect(url, ssl_ca_certs=str(ca)) as backend, connect(url, ssl_ca_certs=str(ca)) as producer:
             topic = backend.topic("tls")
             with topic.subscribe_from_tail() as subscription:
-                wait_until(lambda: "tls" in _subscribed_topics(backend), message="the shared reader over TLS")
+                wait_until(
+                    lambda: "tls" in _subscribed_topics(backend), timeout=10.0, what="the shared reader over TLS"
+                )
                 producer.topic("tls").append(b"over tls")
                 assert [r.payload for r in drain(subscription, 1)] == [b"over tls"]
         assert "tls" not in server.cli("client", "list")  # plain port untouched by the adapter

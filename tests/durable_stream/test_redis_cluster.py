@@ -17,10 +17,11 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     connect,
 )
-from api.core.durable_stream._redis import RedisDriver
 from harness.redis_server import RedisClusterProcess, RedisServer, redis_available
+from harness.waiting import wait_until
+from tests.durable_stream import hooks
 
-from .contract._base import drain, payloads, wait_until
+from .contract._base import drain, payloads, waiting_in_receive
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server and redis-cli are needed")
 
@@ -35,12 +36,6 @@ def cluster() -> Iterator[RedisClusterProcess]:
 def backend(cluster: RedisClusterProcess) -> Iterator[DurableStreamBackend]:
     with connect(cluster.url, key_prefix=f"cl-{uuid.uuid4().hex[:8]}:") as opened:
         yield opened
-
-
-def driver_of(backend: DurableStreamBackend) -> RedisDriver:
-    driver = backend._driver
-    assert isinstance(driver, RedisDriver)
-    return driver
 
 
 def slot_of(server: RedisServer, key: bytes) -> int:
@@ -58,7 +53,7 @@ def test_each_topic_lives_in_one_slot_and_topics_spread_over_all_nodes(
     for index in range(30):
         name = f"spread-{index}"
         backend.topic(name).append(b"x")
-        keys = driver_of(backend)._keys(name)
+        keys = hooks.redis_keys(backend, name)
         slots = {slot_of(cluster.servers[0], key) for key in keys}
         assert len(slots) == 1
         nodes.add(cluster.node_of_slot(slots.pop()).port)
@@ -72,14 +67,14 @@ def test_one_feed_connection_per_node_serves_topics_on_every_node(
     subscriptions = [backend.topic(name).subscribe_from_tail() for name in names for _ in range(3)]
     for subscription in subscriptions:
         subscription.__enter__()
-    feed = driver_of(backend)._feeds[0]
-    wait_until(lambda: feed.subscribed_topics() == set(names), message="every topic to be subscribed")
+    feed = hooks.redis_feed(backend)
+    wait_until(lambda: feed.subscribed_topics() == set(names), timeout=10.0, what="every topic to be subscribed")
     assert feed.link_count() == 3
     for server in cluster.servers:
         listing = server.cli("client", "list")
-        feeds = [line for line in listing.splitlines() if f"{driver_of(backend)._name}:feed" in line]
+        feeds = [line for line in listing.splitlines() if f"{hooks.redis_client_name(backend)}:feed" in line]
         assert len(feeds) == 1, listing
-    with connect(cluster.url, key_prefix=driver_of(backend)._prefix) as producer:
+    with connect(cluster.url, key_prefix=hooks.redis_settings(backend).key_prefix) as producer:
         started = time.monotonic()
         for name in names:
             producer.topic(name).append(name.encode())
@@ -98,7 +93,7 @@ def test_a_watched_topic_follows_its_slot_to_another_node(
     topic = backend.topic(name)
     for payload in payloads(3):
         topic.append(payload)
-    meta, stream, _ = driver_of(backend)._keys(name)
+    meta, stream, _ = hooks.redis_keys(backend, name)
     slot = slot_of(cluster.servers[0], meta)
     source = cluster.node_of_slot(slot)
     target = next(server for server in cluster.servers if server is not source)
@@ -106,13 +101,14 @@ def test_a_watched_topic_follows_its_slot_to_another_node(
         assert [r.payload for r in drain(subscription, 3)] == payloads(3)
         _migrate_slot(cluster, slot, source, target, [meta, stream])
         assert cluster.node_of_slot(slot) is target
-        feed = driver_of(backend)._feeds[0]
+        feed = hooks.redis_feed(backend)
         # The server unsubscribes the moved slot's channels; the feed finds the new node.
         wait_until(
             lambda: name in feed.subscribed_topics() and _link_of(feed, name) == target.address,
-            message="the shared reader to follow the slot",
+            timeout=10.0,
+            what="the shared reader to follow the slot",
         )
-        with connect(cluster.url, key_prefix=driver_of(backend)._prefix) as producer:
+        with connect(cluster.url, key_prefix=hooks.redis_settings(backend).key_prefix) as producer:
             started = time.monotonic()
             producer.topic(name).append(b"after the move")
             assert [r.payload for r in drain(subscription, 1)] == [b"after the move"]
@@ -130,7 +126,7 @@ def test_a_killed_node_fails_its_topics_with_contract_errors_only() -> None:
         on_victim = [
             name
             for name in names
-            if private.node_of_slot(slot_of(private.servers[0], driver_of(backend)._keys(name)[0])) is victim
+            if private.node_of_slot(slot_of(private.servers[0], hooks.redis_keys(backend, name)[0])) is victim
         ]
         assert on_victim
         subscription = backend.topic(on_victim[0]).subscribe_from_tail()
@@ -138,7 +134,7 @@ def test_a_killed_node_fails_its_topics_with_contract_errors_only() -> None:
         outcome: list[object] = []
         waiter = threading.Thread(target=lambda: outcome.append(_receive(subscription)))
         waiter.start()
-        time.sleep(0.2)
+        wait_until(lambda: waiting_in_receive(subscription, waiter), timeout=10.0, what="receive() to block")
         killed_at = time.monotonic()
         victim.kill()
         waiter.join(timeout=15)
@@ -158,7 +154,7 @@ def _receive(subscription: object) -> object:
 
 
 def _link_of(feed: object, topic: str) -> str | None:
-    for link in list(feed._links.values()):  # type: ignore[attr-defined]
+    for link in hooks.feed_links(feed).values():  # type: ignore[arg-type]
         if topic in link.channels.values():
             return str(link.address)
     return None
@@ -179,7 +175,4 @@ def _migrate_slot(
         client.close()
     for server in (target, source, *cluster.servers):
         server.cli("cluster", "setslot", str(slot), "node", target_id)
-    deadline = time.monotonic() + 10
-    while any(cluster.node_of_slot(slot) is not target for _ in [0]):
-        assert time.monotonic() < deadline, "the slot did not move"
-        time.sleep(0.05)
+    wait_until(lambda: cluster.node_of_slot(slot) is target, timeout=10.0, what="the slot to move")

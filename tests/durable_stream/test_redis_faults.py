@@ -11,7 +11,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,16 +22,12 @@ from api.core.durable_stream import (
     connect,
 )
 from harness.redis_server import RedisServer, free_port, redis_available
+from harness.waiting import wait_until
+from tests.durable_stream import hooks
 
-from .contract._base import blocked_in_wait, drain, drain_until_closed, wait_until
+from .contract._base import blocked_in_wait, drain, drain_until_closed
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is needed")
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as private:
-        yield private
 
 
 def assert_contract_error(exc: BaseException, expected: type[DurableStreamError]) -> None:
@@ -58,7 +53,7 @@ def test_server_killed_while_a_subscription_waits(server: RedisServer) -> None:
 
             waiter = threading.Thread(target=wait)
             waiter.start()
-            wait_until(lambda: blocked_in_wait(waiter), timeout=5, message="receive() to block")
+            wait_until(lambda: blocked_in_wait(waiter), timeout=5, what="receive() to block")
             assert not outcome, "receive() returned before the server was killed"
             killed_at = time.monotonic()
             server.kill()
@@ -88,7 +83,7 @@ def test_server_killed_while_many_subscriptions_wait_on_many_topics(server: Redi
         waiters = [threading.Thread(target=wait, args=(i,)) for i in range(len(subscriptions))]
         for waiter in waiters:
             waiter.start()
-        wait_until(lambda: all(map(blocked_in_wait, waiters)), timeout=5, message="every receive() to block")
+        wait_until(lambda: all(map(blocked_in_wait, waiters)), timeout=5, what="every receive() to block")
         assert all(result is pending for result in results), "a receive() returned before the server was killed"
         killed_at = time.monotonic()
         server.kill()
@@ -117,7 +112,7 @@ def test_server_killed_during_appends(server: RedisServer) -> None:
 
         producer = threading.Thread(target=produce)
         producer.start()
-        wait_until(lambda: appended > 200, message="appends to flow")
+        wait_until(lambda: appended > 200, timeout=10.0, what="appends to flow")
         server.kill()
         producer.join(timeout=10)
         assert failure, "append() kept succeeding against a dead server"
@@ -167,7 +162,7 @@ def test_subscriptions_recover_after_a_restart_with_aof() -> None:
         topic.append(b"before")
         server.restart()
         with topic.subscribe_from_tail() as subscription:
-            wait_until(lambda: _feed_linked(backend), message="the shared reader to reconnect")
+            wait_until(lambda: _feed_linked(backend), timeout=10.0, what="the shared reader to reconnect")
             with connect(server.url) as other:
                 started = time.monotonic()
                 other.topic("recovering").append(b"after")
@@ -188,7 +183,7 @@ def test_topic_info_epoch_tells_whether_the_topic_survived_a_restart(appendonly:
         assert before is not None
         server.restart()
         # The pooled connections were cut by the restart: wait until a call gets through again.
-        wait_until(lambda: _answers(backend), message="the restarted server to answer")
+        wait_until(lambda: _answers(backend), timeout=10.0, what="the restarted server to answer")
         if not appendonly:
             assert backend.admin.topic_info("restarted") is None
             topic.append(b"after")
@@ -206,5 +201,5 @@ def _answers(backend: object) -> bool:
 
 
 def _feed_linked(backend: object) -> bool:
-    feeds = backend._driver._feeds  # type: ignore[attr-defined]
+    feeds = hooks.redis_feeds(backend)  # type: ignore[arg-type]
     return bool(feeds) and all(feed.link_count() > 0 for feed in feeds)

@@ -29,8 +29,8 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     connect,
 )
-from api.core.durable_stream._sqlite import SqliteChangeFeed, SqliteDriver
-from tests.durable_stream.contract._base import wait_until
+from harness.waiting import wait_until
+from tests.durable_stream import hooks
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
 POLLER_NAME = "durable-stream-sqlite-poller"
@@ -38,18 +38,6 @@ POLLER_NAME = "durable-stream-sqlite-poller"
 
 def _url(path: pathlib.Path) -> str:
     return f"sqlite:///{path}"
-
-
-def _driver(backend: DurableStreamBackend) -> SqliteDriver:
-    driver = backend._driver
-    assert isinstance(driver, SqliteDriver)
-    return driver
-
-
-def _feed(backend: DurableStreamBackend) -> SqliteChangeFeed | None:
-    feed = backend._notifier._feed
-    assert feed is None or isinstance(feed, SqliteChangeFeed)
-    return feed
 
 
 def _python(script: str, *args: str, stdin: int | None = None) -> subprocess.Popen[str]:
@@ -99,13 +87,13 @@ def test_absolute_and_relative_urls_create_parent_directories(
     absolute = tmp_path / "a" / "b" / "abs.db"
     with connect(f"sqlite:///{absolute}") as backend:
         backend.topic("t").append(b"x")
-        assert _driver(backend).identity == f"sqlite:{os.path.realpath(absolute)}"
+        assert hooks.identity(backend) == f"sqlite:{os.path.realpath(absolute)}"
     assert absolute.is_file()
 
     monkeypatch.chdir(tmp_path)
     with connect("sqlite:///rel/dir/rel.db") as backend:
         backend.topic("t").append(b"x")
-        assert _driver(backend).identity == f"sqlite:{os.path.realpath(tmp_path / 'rel' / 'dir' / 'rel.db')}"
+        assert hooks.identity(backend) == f"sqlite:{os.path.realpath(tmp_path / 'rel' / 'dir' / 'rel.db')}"
     assert (tmp_path / "rel" / "dir" / "rel.db").is_file()
 
 
@@ -116,7 +104,7 @@ def test_identity_is_the_resolved_path(tmp_path: pathlib.Path) -> None:
         connect(_url(tmp_path / "real" / "s.db")) as direct,
         connect(_url(tmp_path / "link" / ".." / "link" / "s.db")) as via_link,
     ):
-        assert _driver(direct).identity == _driver(via_link).identity
+        assert hooks.identity(direct) == hooks.identity(via_link)
         # Same identity means a cursor from one backend object resumes on the other.
         direct.topic("t").append(b"r0")
         direct.topic("t").append(b"r1")
@@ -155,10 +143,9 @@ def test_invalid_options_are_value_errors_before_the_file_is_touched(
 
 def test_options_from_the_query_string(db: pathlib.Path) -> None:
     with connect(f"{_url(db)}?max_records=2&synchronous=NORMAL&busy_timeout=1.5&poll_interval=0.2") as backend:
-        driver = _driver(backend)
-        assert driver._writer.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
-        assert driver._settings.busy_timeout == 1.5
-        assert driver._settings.feed_period == 0.2
+        assert hooks.sqlite_pragma(backend, "synchronous") == 1  # NORMAL
+        assert hooks.sqlite_settings(backend).busy_timeout == 1.5
+        assert hooks.sqlite_settings(backend).poll_interval == 0.2
         topic = backend.topic("t")
         for index in range(5):
             topic.append(b"%d" % index)
@@ -171,9 +158,8 @@ def test_options_from_the_query_string(db: pathlib.Path) -> None:
 def test_durable_by_default_in_wal_mode_with_the_documented_schema(
     backend: DurableStreamBackend, db: pathlib.Path
 ) -> None:
-    driver = _driver(backend)
-    assert driver._writer.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-    assert driver.poll_interval == pytest.approx(1.0)
+    assert hooks.sqlite_pragma(backend, "synchronous") == 2  # FULL
+    assert hooks.sqlite_driver(backend).reread_interval == pytest.approx(1.0)
     check = sqlite3.connect(db)
     try:
         assert check.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -386,10 +372,12 @@ def test_the_poller_idles_without_watched_topics_and_costs_little_with_them(db: 
     with connect(_url(db)) as backend:
         topic = backend.topic("t")
         topic.append(b"r0")
-        assert _feed(backend) is None and set(_poller_threads()) == already, "started before any subscription"
+        assert hooks.sqlite_feed(backend) is None and set(_poller_threads()) == already, (
+            "started before any subscription"
+        )
 
         with topic.subscribe_from_tail() as subscription:
-            feed = _feed(backend)
+            feed = hooks.sqlite_feed(backend)
             assert feed is not None and feed.thread.is_alive()
             polls = feed.polls
             cpu = time.process_time()
@@ -402,7 +390,7 @@ def test_the_poller_idles_without_watched_topics_and_costs_little_with_them(db: 
         assert 5 <= checks <= 40, f"{checks} data_version checks in one second at a 0.05 s period"
 
         # No topic watched: the thread waits on an event and stops polling.
-        wait_until(lambda: not feed._active.is_set(), timeout=5)
+        wait_until(lambda: not hooks.sqlite_feed_polling(feed), timeout=5, what="the poller to park")
         settled = feed.polls
         time.sleep(0.3)
         assert feed.polls == settled
@@ -418,9 +406,9 @@ def test_close_stops_the_poller_without_waiting_out_its_period(db: pathlib.Path)
     topic = backend.topic("t")
     subscription = topic.subscribe_from_tail()
     subscription.__enter__()
-    feed = _feed(backend)
+    feed = hooks.sqlite_feed(backend)
     assert feed is not None
-    wait_until(lambda: feed.polls >= 1, timeout=5)
+    wait_until(lambda: feed.polls >= 1, timeout=5, what="a first poll")
     started = time.monotonic()
     backend.close()
     assert time.monotonic() - started < 1.0

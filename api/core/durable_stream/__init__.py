@@ -15,7 +15,9 @@ beginning, from the tail, or strictly after a cursor returned with an earlier re
             while (next_record := subscription.receive(timeout=1.0)) is not CLOSED:
                 ...
 
-The contract lives in :mod:`._contract`; adapters are chosen by URL scheme in :func:`connect`.
+The contract lives in :mod:`._contract`; adapters are chosen by URL scheme in :func:`connect` and
+live in :mod:`.adapters` (``memory``, ``sqlite``, ``redis``, ``postgres``), one sub-package each whose
+docstring is its capability card (rendered to ``docs/adapters/`` by ``make docs``).
 """
 
 from __future__ import annotations

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import weakref
-from typing import TYPE_CHECKING, Self, TypeVar
+from typing import TYPE_CHECKING, Self
 
 from ._contract import (
-    DurableStreamError,
     DurableStreamProducer,
     DurableStreamSubscription,
     DurableStreamTopic,
@@ -17,19 +13,15 @@ from ._contract import (
 )
 from ._cursor import CursorCodec
 from ._driver import Driver, Position, TopicHead, TopicInfo
-from ._notifier import Notifier
+from ._engine import DEFAULT_BUFFER_SIZE, Engine
 from ._subscription import Subscription
 
 if TYPE_CHECKING:
     import types
-    from collections.abc import Callable
 
-__all__ = ["DurableStreamAdmin", "DurableStreamBackend", "validate_topic_name"]
-
-T = TypeVar("T")
+__all__ = ["DEFAULT_BUFFER_SIZE", "DurableStreamAdmin", "DurableStreamBackend", "validate_topic_name"]
 
 MAX_TOPIC_NAME_LENGTH = 512
-DEFAULT_BUFFER_SIZE = 128
 
 
 def validate_topic_name(name: object) -> str:
@@ -49,19 +41,12 @@ class DurableStreamBackend:
     """
 
     def __init__(self, driver: Driver, *, buffer_size: int = DEFAULT_BUFFER_SIZE, url: str = "") -> None:
-        if buffer_size < 1:
-            raise ValueError("buffer_size must be at least 1")
-        self._driver = driver
-        self._buffer_size = buffer_size
+        self._engine = Engine(driver, buffer_size=buffer_size)
         self._url = url
-        self._notifier = Notifier(driver.open_change_feed)
-        self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
-        self._lock = threading.Lock()
-        self._closed = False
         self.admin = DurableStreamAdmin(self)
 
     def __repr__(self) -> str:
-        return f"<DurableStreamBackend {self._url or self._driver.identity}>"
+        return f"<DurableStreamBackend {self._url or self._engine.driver.identity}>"
 
     def __enter__(self) -> Self:
         return self
@@ -76,56 +61,27 @@ class DurableStreamBackend:
 
     def topic(self, name: str) -> DurableStreamTopic:
         """Return the topic called ``name``. Cheap: nothing is created until it is used."""
-        return _Topic(self, validate_topic_name(name))
+        return _Topic(self._engine, validate_topic_name(name))
 
     def close(self) -> None:
         """Close every open subscription, stop shared readers and release connections. Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            subscriptions = list(self._subscriptions)
-        for subscription in subscriptions:
-            subscription.close()
-        self._notifier.close()
-        with contextlib.suppress(Exception):  # closing must not raise; the driver is discarded anyway
-            self._driver.close()
+        self._engine.close()
 
     @property
     def closed(self) -> bool:
-        return self._closed
-
-    def _call(self, operation: Callable[[], T]) -> T:
-        if self._closed:
-            raise DurableStreamUnavailableError("the durable-stream backend is closed")
-        try:
-            return operation()
-        except DurableStreamError:
-            raise
-        except Exception as exc:  # adapters translate their errors; this only catches their bugs
-            raise DurableStreamUnavailableError(f"unexpected adapter failure: {exc!r}") from exc
-
-    def _attach(self, subscription: Subscription) -> None:
-        with self._lock:
-            if self._closed:
-                raise DurableStreamUnavailableError("the durable-stream backend is closed")
-            self._subscriptions.add(subscription)
-
-    def _detach(self, subscription: Subscription) -> None:
-        with self._lock:
-            self._subscriptions.discard(subscription)
+        return self._engine.closed
 
 
 class DurableStreamAdmin:
     """Operator and test operations, outside the stream contract proper."""
 
     def __init__(self, backend: DurableStreamBackend) -> None:
-        self._backend = backend
+        self._engine = backend._engine
 
     def topic_info(self, name: str) -> TopicInfo | None:
         """Return the topic's length, first and last ordinal, seal state and epoch, or ``None`` if absent."""
         name = validate_topic_name(name)
-        return self._backend._call(lambda: self._backend._driver.topic_info(name))
+        return self._engine.call(lambda: self._engine.driver.topic_info(name))
 
     def trim_topic(self, name: str, keep_last: int) -> int:
         """Remove all but the newest ``keep_last`` records of a topic; return how many were removed.
@@ -135,8 +91,8 @@ class DurableStreamAdmin:
         name = validate_topic_name(name)
         if keep_last < 0:
             raise ValueError("keep_last must not be negative")
-        removed = self._backend._call(lambda: self._backend._driver.trim(name, keep_last))
-        self._backend._notifier.notify(name)
+        removed = self._engine.call(lambda: self._engine.driver.trim(name, keep_last))
+        self._engine.notifier.notify(name)
         return removed
 
     def delete_topic(self, name: str) -> bool:
@@ -145,13 +101,13 @@ class DurableStreamAdmin:
         A topic of the same name created later is a new incarnation: old cursors do not resolve.
         """
         name = validate_topic_name(name)
-        existed = self._backend._call(lambda: self._backend._driver.delete(name))
-        self._backend._notifier.notify(name)
+        existed = self._engine.call(lambda: self._engine.driver.delete(name))
+        self._engine.notifier.notify(name)
         return existed
 
     def enforce_retention(self) -> int:
         """Apply the configured ``max_records`` / ``max_age_seconds``; return how many records were removed."""
-        return self._backend._call(self._backend._driver.enforce_retention)
+        return self._engine.call(self._engine.driver.enforce_retention)
 
 
 class _Producer(DurableStreamProducer):
@@ -168,12 +124,12 @@ class _Producer(DurableStreamProducer):
 
 
 class _Topic(DurableStreamTopic):
-    __slots__ = ("_backend", "_codec", "name")
+    __slots__ = ("_codec", "_engine", "name")
 
-    def __init__(self, backend: DurableStreamBackend, name: str) -> None:
-        self._backend = backend
+    def __init__(self, engine: Engine, name: str) -> None:
+        self._engine = engine
         self.name = name
-        self._codec = CursorCodec(backend._driver.identity, name)
+        self._codec = CursorCodec(engine.driver.identity, name)
 
     def __repr__(self) -> str:
         return f"<DurableStreamTopic {self.name!r}>"
@@ -182,32 +138,32 @@ class _Topic(DurableStreamTopic):
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
         data = bytes(payload)
-        self._backend._call(lambda: self._backend._driver.append(self.name, data))
-        self._backend._notifier.notify(self.name)
+        self._engine.call(lambda: self._engine.driver.append(self.name, data))
+        self._engine.notifier.notify(self.name)
 
     def as_producer(self) -> DurableStreamProducer:
         return _Producer(self)
 
     def seal(self) -> None:
-        self._backend._call(lambda: self._backend._driver.seal(self.name))
-        self._backend._notifier.notify(self.name)
+        self._engine.call(lambda: self._engine.driver.seal(self.name))
+        self._engine.notifier.notify(self.name)
 
     def subscribe_from_beginning(self) -> DurableStreamSubscription:
         head = self._current_head()
-        return Subscription(self._backend, self.name, self._codec, head.epoch, Position(head.first - 1))
+        return Subscription(self._engine, self.name, self._codec, head.epoch, Position(head.first - 1))
 
     def subscribe_from_tail(self) -> DurableStreamSubscription:
         head = self._current_head()
-        return Subscription(self._backend, self.name, self._codec, head.epoch, Position(head.last, head.last_native))
+        return Subscription(self._engine, self.name, self._codec, head.epoch, Position(head.last, head.last_native))
 
     def subscribe_from_cursor(self, cursor: TopicCursor) -> DurableStreamSubscription:
-        if self._backend.closed:
+        if self._engine.closed:
             raise DurableStreamUnavailableError("the durable-stream backend is closed")
         decoded = self._codec.decode(cursor)
-        return Subscription(self._backend, self.name, self._codec, decoded.epoch, decoded.position)
+        return Subscription(self._engine, self.name, self._codec, decoded.epoch, decoded.position)
 
     def _current_head(self) -> TopicHead:
-        head = self._backend._call(lambda: self._backend._driver.head(self.name, create=True))
+        head = self._engine.call(lambda: self._engine.driver.head(self.name, create=True))
         if head is None:
             raise DurableStreamUnavailableError(f"topic {self.name!r} could not be created")
         return head

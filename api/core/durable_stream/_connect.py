@@ -12,90 +12,34 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._options import Options
+
 if TYPE_CHECKING:
     from ._backend import DurableStreamBackend
     from ._driver import Driver
 
-__all__ = ["SCHEMES", "Options", "connect"]
+__all__ = ["SCHEMES", "connect", "redact_url"]
 
 #: URL scheme -> module (relative to this package) whose ``open_driver(url, options)`` builds a driver.
+#: Each is the ``driver`` module of an adapter sub-package (see :mod:`.adapters`), imported on first use.
 SCHEMES: Mapping[str, str] = {
-    "memory": "._memory",
-    "sqlite": "._sqlite",
-    "postgresql": "._postgres",
-    "postgresql+psycopg": "._postgres",
-    "postgres": "._postgres",
-    "redis": "._redis",
-    "rediss": "._redis",
-    "redis+cluster": "._redis",
+    "memory": ".adapters.memory.driver",
+    "sqlite": ".adapters.sqlite.driver",
+    "postgresql": ".adapters.postgres.driver",
+    "postgresql+psycopg": ".adapters.postgres.driver",
+    "postgres": ".adapters.postgres.driver",
+    "redis": ".adapters.redis.driver",
+    "rediss": ".adapters.redis.driver",
+    "redis+cluster": ".adapters.redis.driver",
 }
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-class Options:
-    """Typed access to connection options, each consumed at most once."""
-
-    def __init__(self, values: Mapping[str, Any]) -> None:
-        self._values = dict(values)
-
-    def _pop(self, name: str) -> Any:
-        return self._values.pop(name, None)
-
-    def pop_str(self, name: str, default: str | None = None) -> str | None:
-        value = self._pop(name)
-        return default if value is None else str(value)
-
-    def pop_int(self, name: str, default: int | None = None, *, minimum: int | None = None) -> int | None:
-        value = self._pop(name)
-        if value is None:
-            return default
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"option {name!r} must be an integer, got {value!r}") from None
-        if minimum is not None and number < minimum:
-            raise ValueError(f"option {name!r} must be at least {minimum}, got {number}")
-        return number
-
-    def pop_float(self, name: str, default: float | None = None, *, minimum: float | None = None) -> float | None:
-        value = self._pop(name)
-        if value is None:
-            return default
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"option {name!r} must be a number, got {value!r}") from None
-        if minimum is not None and number < minimum:
-            raise ValueError(f"option {name!r} must be at least {minimum}, got {number}")
-        return number
-
-    def pop_bool(self, name: str, default: bool) -> bool:
-        value = self._pop(name)
-        if value is None:
-            return default
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-        raise ValueError(f"option {name!r} must be a boolean, got {value!r}")
-
-    def ensure_consumed(self, scheme: str) -> None:
-        if self._values:
-            unknown = ", ".join(sorted(self._values))
-            raise ValueError(f"unknown option(s) for {scheme}:// backends: {unknown}")
 
 
 def connect(url: str, **options: Any) -> DurableStreamBackend:
     """Open a durable-stream backend for ``url``.
 
-    Supported schemes are listed in :data:`SCHEMES`; each adapter's module docstring documents its
-    URL form and options. ``buffer_size`` (records held per subscription, default 128) applies to
-    every adapter.
+    Supported schemes are listed in :data:`SCHEMES`; each adapter sub-package's docstring (its
+    capability card, rendered to ``docs/adapters/``) documents its URL form and options.
+    ``buffer_size`` (records held per subscription, default 128) applies to every adapter.
 
     Raises:
         ValueError: The URL's scheme is not supported or an option is unknown or invalid.
@@ -115,7 +59,6 @@ def connect(url: str, **options: Any) -> DurableStreamBackend:
     merged.update(options)
     values = Options(merged)
     buffer_size = values.pop_int("buffer_size", DEFAULT_BUFFER_SIZE, minimum=1)
-    assert buffer_size is not None
     # Cut the query off the text itself: urlunsplit() drops an empty authority ("sqlite:///x" -> "sqlite:/x").
     base_url = url.partition("?")[0]
     module = importlib.import_module(module_name, __package__)
@@ -125,10 +68,10 @@ def connect(url: str, **options: Any) -> DurableStreamBackend:
     except ValueError:
         driver.close()
         raise
-    return DurableStreamBackend(driver, buffer_size=buffer_size, url=_redact(parts))
+    return DurableStreamBackend(driver, buffer_size=buffer_size, url=redact_url(parts))
 
 
-def _redact(parts: urllib.parse.SplitResult) -> str:
+def redact_url(parts: urllib.parse.SplitResult) -> str:
     """The URL without password or query, for reprs and logs."""
     netloc = parts.netloc
     if "@" in netloc:

@@ -5,8 +5,10 @@ any number of independent subscriptions read it, each from a starting position f
 subscription method returns. Every record handed to a subscriber carries a :data:`TopicCursor`
 that can later resume a new subscription strictly after that record.
 
-The names and semantics here follow the durable-stream proposal name for name. Nothing in this
-module knows about a particular backend.
+The names and semantics follow the durable-stream proposal (the target design that
+``docs/design.md`` refers to) name for name; ``docs/contract.md`` lists the proposal's acceptance
+criteria and the contract tests that check each one. Nothing in this module knows about a
+particular backend.
 """
 
 from __future__ import annotations

@@ -4,11 +4,17 @@ Under gevent monkey-patching the API workers run many greenlets on one OS thread
 blocks (SQLite waiting on a lock or ``fsync``) would stall all of them. Such calls go through
 gevent's native threadpool when ``threading`` is patched, and run inline everywhere else.
 
-Every waiting subscription blocks on a :class:`Wake`. Without gevent that is a
-``threading.Event``. Under gevent, the patched ``Event.wait(timeout)`` arms a ``gevent.Timeout``
-whose expiry is an exception thrown into the waiting greenlet, and that costs about three times
-the wake-up itself; an API worker with thousands of idle SSE streams spends most of its CPU there.
-:class:`_HubWake` waits on a plain hub timer and a ``Waiter`` instead.
+Every waiting subscription blocks on a :class:`Wake` (the subset of ``threading.Event`` it uses),
+made by :func:`new_wake`:
+
+- In plain threads, a :class:`ThreadWake`: one lock, held while no wake-up is pending, that ``set``
+  releases and ``wait`` acquires. ``threading.Event`` would cost its waiter an extra lock hand-over
+  after every wake-up.
+- Under gevent, a :class:`HubWake`: the patched ``Event.wait(timeout)`` arms a ``gevent.Timeout``
+  whose expiry is an exception thrown into the waiting greenlet, which costs about three times the
+  wake-up itself; an API worker with thousands of idle SSE streams would spend most of its CPU
+  there. A ``HubWake`` parks a reused ``Waiter`` instead and leaves its timeout to one repeating
+  hub timer shared by every wake of the hub (:class:`_Deadlines`).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["Wake", "gevent_active", "new_wake", "run_blocking", "yield_to_greenlets"]
+__all__ = ["HubWake", "ThreadWake", "Wake", "gevent_active", "new_wake", "run_blocking", "yield_to_greenlets"]
 
 T = TypeVar("T")
 
@@ -91,13 +97,13 @@ def yield_to_greenlets() -> None:
 
 
 def new_wake() -> Wake:
-    """A wake-up flag for one waiter at a time: :class:`_ThreadWake`, or :class:`_HubWake` under gevent."""
+    """A wake-up flag for one waiter at a time: :class:`ThreadWake`, or :class:`HubWake` under gevent."""
     if gevent_active():
-        return _HubWake()
-    return _ThreadWake()
+        return HubWake()
+    return ThreadWake()
 
 
-class _ThreadWake:
+class ThreadWake:
     """``set``/``clear``/``wait(timeout)`` for one waiting OS thread at a time.
 
     A lock that is held while no wake-up is pending: ``set`` releases it (from any thread) and
@@ -148,7 +154,7 @@ class _ThreadWake:
         return self._flag
 
 
-class _HubWake:
+class HubWake:
     """``set``/``clear``/``wait(timeout)`` for greenlets of one gevent hub.
 
     ``set`` may be called from any greenlet or OS thread; the waiters are woken by a callback on
@@ -242,7 +248,7 @@ class _HubWake:
 
 
 class _Deadlines:
-    """The timeouts of every :class:`_HubWake` of one hub, kept by one repeating timer.
+    """The timeouts of every :class:`HubWake` of one hub, kept by one repeating timer.
 
     Waits are filed under the tick (of ``RESOLUTION`` seconds) their deadline falls in; the timer
     runs only while some wait has a deadline, and at each tick wakes the waits filed under the ticks
@@ -266,11 +272,11 @@ class _Deadlines:
         self._loop = hub.loop
         self._clock = time.monotonic
         self._push, self._pop = heapq.heappush, heapq.heappop
-        self._slots: dict[int, set[_HubWake]] = {}
+        self._slots: dict[int, set[HubWake]] = {}
         self._ticks: list[int] = []  # a heap of the keys of _slots
         self._timer: Any = None
 
-    def add(self, wake: _HubWake, timeout: float) -> int:
+    def add(self, wake: HubWake, timeout: float) -> int:
         tick = int((self._clock() + max(timeout, 0.0)) / self.RESOLUTION) + 1
         slot = self._slots.get(tick)
         if slot is None:
@@ -282,7 +288,7 @@ class _Deadlines:
             self._timer.start(self._fire)
         return tick
 
-    def discard(self, wake: _HubWake, tick: int) -> None:
+    def discard(self, wake: HubWake, tick: int) -> None:
         slot = self._slots.get(tick)
         if slot is not None:
             slot.discard(wake)
@@ -305,7 +311,7 @@ class _Deadlines:
 
 
 class _GeventParts:
-    """gevent's pieces that :class:`_HubWake` uses, imported once (only when gevent is active)."""
+    """gevent's pieces that :class:`HubWake` uses, imported once (only when gevent is active)."""
 
     def __init__(self) -> None:
         from gevent._waiter import Waiter

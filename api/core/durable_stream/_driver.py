@@ -119,6 +119,9 @@ class TopicInfo:
 class ChangeFeed(Protocol):
     """Tells the backend which topics have changed, including through other processes.
 
+    The engine's name for the role; each adapter's implementation is called ``<Adapter>ChangeFeed``
+    (``SqliteChangeFeed``, ``RedisChangeFeed``, ``PostgresChangeFeed``).
+
     One feed serves every subscription of a backend object. It calls the ``notify`` callback it
     was opened with (from any thread) whenever a watched topic may have changed; spurious calls
     are harmless, missed ones only delay delivery until the subscription's fallback poll.
@@ -143,8 +146,10 @@ class Driver(Protocol):
     #: Distinguishes this store from others when binding cursors to a topic. It must be the same
     #: for every process that opens the same store.
     identity: str
-    #: Upper bound on how long a subscription waits before re-reading without a notification.
-    poll_interval: float
+    #: Upper bound on how long a subscription waits before re-reading its topic without a wake-up
+    #: (a last resort: change feeds wake subscriptions far sooner). Not the ``poll_interval`` URL
+    #: option, which some adapters use for their change feed's own period.
+    reread_interval: float
 
     def append(self, topic: str, payload: bytes) -> None:
         """Store one record with ordinal ``last + 1``. Creates the topic if needed.

@@ -14,7 +14,7 @@ import threading
 import time
 import types
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 from ._contract import (
     CLOSED,
@@ -28,9 +28,7 @@ from ._contract import (
 from ._cooperative import new_wake
 from ._cursor import CursorCodec
 from ._driver import Batch, Position, StoredRecord
-
-if TYPE_CHECKING:
-    from ._backend import DurableStreamBackend
+from ._engine import Engine
 
 __all__ = ["Subscription"]
 
@@ -61,13 +59,13 @@ class Subscription(DurableStreamSubscription):
 
     def __init__(
         self,
-        backend: DurableStreamBackend,
+        engine: Engine,
         topic: str,
         codec: CursorCodec,
         epoch: str,
         start: Position,
     ) -> None:
-        self._backend = backend
+        self._engine = engine
         self._topic = topic
         self._codec = codec
         self._epoch = epoch
@@ -94,8 +92,8 @@ class Subscription(DurableStreamSubscription):
                 raise DurableStreamUnavailableError("a subscription can be entered only once")
             self._state = _State.OPEN
         try:
-            self._backend._attach(self)
-            self._backend._notifier.register(self._topic, self._wake)
+            self._engine.attach(self)
+            self._engine.notifier.register(self._topic, self._wake)
             self._wake.clear()
             self._seen_version = None
             self._fill()
@@ -123,8 +121,8 @@ class Subscription(DurableStreamSubscription):
         self._batch, self._next = (), 0
         if was_open:
             try:
-                self._backend._notifier.unregister(self._topic, self._wake)
-                self._backend._detach(self)
+                self._engine.notifier.unregister(self._topic, self._wake)
+                self._engine.detach(self)
             except Exception:  # close() must never raise; nothing is left to release here
                 pass
 
@@ -138,8 +136,8 @@ class Subscription(DurableStreamSubscription):
             self.close()
             raise DurableStreamUnavailableError("receive() called on a subscription that was never entered")
         deadline = time.monotonic() + max(timeout, 0.0)
-        notifier = self._backend._notifier
-        poll_interval = self._backend._driver.poll_interval
+        notifier = self._engine.notifier
+        reread_interval = self._engine.driver.reread_interval
         while True:
             if self._state is _State.CLOSED:
                 return CLOSED
@@ -150,7 +148,7 @@ class Subscription(DurableStreamSubscription):
                 self.close()
                 return CLOSED
             now = time.monotonic()
-            if now - self._last_read >= poll_interval or notifier.version(self._topic) != self._seen_version:
+            if now - self._last_read >= reread_interval or notifier.version(self._topic) != self._seen_version:
                 self._wake.clear()
                 try:
                     self._fill()
@@ -163,7 +161,7 @@ class Subscription(DurableStreamSubscription):
             remaining = deadline - now
             if remaining <= 0:
                 return None
-            notifier.wait(self._wake, min(remaining, poll_interval))
+            notifier.wait(self._wake, min(remaining, reread_interval))
 
     def _take(self) -> StoredRecord | None:
         """The next buffered record, or ``None``; the batch is let go with its last record."""
@@ -188,10 +186,10 @@ class Subscription(DurableStreamSubscription):
 
     def _fill(self) -> None:
         """Read the next batch (the last one is used up), validating it against the expected ordinal."""
-        version = self._backend._notifier.version(self._topic)
+        version = self._engine.notifier.version(self._topic)
         try:
             after = Position(self._ordinal, self._native)
-            batch = self._backend._driver.read(self._topic, after, self._backend._buffer_size)
+            batch = self._engine.driver.read(self._topic, after, self._engine.buffer_size)
         except DurableStreamError:
             raise
         except Exception as exc:  # an adapter bug must still surface as a contract error

@@ -25,6 +25,7 @@ from api.core.durable_stream import (
     DurableStreamTopic,
     TopicCursor,
 )
+from tests.durable_stream import hooks
 
 
 class ContractBase:
@@ -114,26 +115,21 @@ def closing_all(open_one: Callable[..., DurableStreamBackend]) -> Iterator[Calla
             backend.close()
 
 
-#: Where a subscription's thread blocks in ``receive()``: on its wake-up, or (Redis) in the shared
-#: reader's ``select()`` while it reads the hints itself.
-_WAITS = frozenset({"_ThreadWake.wait", "Feed._wait"})
-
-
 def blocked_in_wait(thread: threading.Thread) -> bool:
     """Whether ``thread`` is blocked waiting in a subscription's ``receive()`` (plain threads, not gevent)."""
     frame = sys._current_frames().get(thread.ident or 0)
-    return thread.is_alive() and frame is not None and frame.f_code.co_qualname in _WAITS
+    return thread.is_alive() and frame is not None and frame.f_code.co_qualname in hooks.WAIT_FRAMES
+
+
+def waiting_in_receive(subscription: DurableStreamSubscription, thread: threading.Thread) -> bool:
+    """Whether ``thread`` (a greenlet under gevent) is blocked in ``subscription.receive()``."""
+    if hooks.gevent_active():
+        return hooks.is_waiting(subscription)
+    return blocked_in_wait(thread)
 
 
 def assert_idle(subscription: DurableStreamSubscription, timeout: float = 0.05) -> None:
     assert subscription.receive(timeout=timeout) is None
-
-
-def wait_until(condition: Callable[[], bool], *, timeout: float = 10.0, message: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {message}"
-        time.sleep(0.005)
 
 
 def expect_cursor_unavailable(topic: DurableStreamTopic, cursor: TopicCursor | str) -> None:

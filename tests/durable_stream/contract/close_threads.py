@@ -14,8 +14,10 @@ from api.core.durable_stream import (
     DurableStreamTopic,
     DurableStreamUnavailableError,
 )
+from harness.waiting import wait_until
 
-from ._base import ContractBase, drain, expect_cursor_unavailable
+from .. import hooks
+from ._base import ContractBase, drain, expect_cursor_unavailable, waiting_in_receive
 
 
 class CloseAndThreadsContract(ContractBase):
@@ -23,9 +25,10 @@ class CloseAndThreadsContract(ContractBase):
         subscription = topic.subscribe_from_tail()
         subscription.__enter__()
         closed_at: list[float] = []
+        receiver = threading.current_thread()
 
         def close_soon() -> None:
-            time.sleep(0.2)
+            wait_until(lambda: waiting_in_receive(subscription, receiver), timeout=10.0, what="receive() to block")
             closed_at.append(time.monotonic())
             subscription.close()
 
@@ -74,7 +77,7 @@ class CloseAndThreadsContract(ContractBase):
         with pytest.raises(DurableStreamUnavailableError):
             stale.__enter__()
         assert stale.receive(timeout=0) is CLOSED
-        assert not backend._notifier._waiters, "a failed __enter__ left a registration behind"
+        assert not hooks.registered_topics(backend), "a failed __enter__ left a registration behind"
 
     def test_closing_one_subscription_does_not_disturb_another(self, topic: DurableStreamTopic) -> None:
         kept, closed = topic.subscribe_from_tail(), topic.subscribe_from_tail()
@@ -114,7 +117,7 @@ class CloseAndThreadsContract(ContractBase):
 
         waiter = threading.Thread(target=wait)
         waiter.start()
-        time.sleep(0.1)
+        wait_until(lambda: waiting_in_receive(subscription, waiter), timeout=10.0, what="receive() to block")
         assert not returned_at, "receive() returned before the backend was closed"
         closed_at = time.monotonic()
         backend.close()

@@ -8,8 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from api.core.durable_stream import CLOSED, CursorUnavailableError, DurableStreamBackend, DurableStreamTopic
+from harness.waiting import wait_until
 
-from ._base import ContractBase, append_all, drain, expect_cursor_unavailable, payloads, wait_until
+from ._base import ContractBase, append_all, drain, expect_cursor_unavailable, payloads
 
 
 class RetentionContract(ContractBase):
@@ -147,7 +148,7 @@ class RetentionContract(ContractBase):
             info = backend.admin.topic_info(topic_name)
             return info is None or info.length == 0
 
-        wait_until(expired, timeout=15, message="records older than max_age_seconds to be removed")
+        wait_until(expired, timeout=15, what="records older than max_age_seconds to be removed")
         assert time.monotonic() - started >= 0.5, "records were removed long before max_age_seconds"
         expect_cursor_unavailable(topic, cursor)
 

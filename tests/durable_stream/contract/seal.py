@@ -15,8 +15,9 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     TopicSealedError,
 )
+from harness.waiting import wait_until
 
-from ._base import ContractBase, append_all, drain, drain_until_closed, payloads, wait_until
+from ._base import ContractBase, append_all, drain, drain_until_closed, payloads
 
 
 class SealContract(ContractBase):
@@ -146,7 +147,7 @@ class SealContract(ContractBase):
             wait_until(
                 lambda: all(started) and sum(map(len, accepted)) >= 10 * appenders,
                 timeout=30,
-                message="the appenders to be appending",
+                what="the appenders to be appending",
             )
             sealer.start()
             sealer.join(timeout=5.0)

@@ -6,8 +6,9 @@ import threading
 import time
 
 from api.core.durable_stream import DurableStreamBackend, DurableStreamTopic
+from harness.waiting import wait_until
 
-from ._base import ContractBase, append_all, assert_idle, drain, payloads, wait_until
+from ._base import ContractBase, append_all, assert_idle, drain, payloads
 
 
 class StartPositionContract(ContractBase):
@@ -78,12 +79,12 @@ class StartPositionContract(ContractBase):
         producer = threading.Thread(target=produce)
         producer.start()
         try:
-            wait_until(lambda: completed > 0, message="the producer to start")
+            wait_until(lambda: completed > 0, timeout=10.0, what="the producer to start")
             for _ in range(60):
                 done_before = completed
                 subscription = topic.subscribe_from_tail()
                 started_after = started
-                wait_until(lambda s=started_after: completed >= s + 2, message="appends after the boundary")
+                wait_until(lambda s=started_after: completed >= s + 2, timeout=10.0, what="appends after the boundary")
                 with subscription:
                     numbers = [int(r.payload) for r in drain(subscription, 3)]
                 assert numbers[0] > done_before, "a record completed before the boundary was replayed"

@@ -1,81 +1,33 @@
-"""SQLite adapter: an embedded, durable store shared by every process that opens the same file.
-
-Capability card
----------------
-- URL: ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (percent-escapes are
-  decoded; missing parent directories are created). ``:memory:`` is refused: use ``memory://``.
-- Options:
-  ``max_records`` (int >= 1; applied inside each append's transaction, and by ``enforce_retention()``),
-  ``max_age_seconds`` (float; applied by ``admin.enforce_retention()``: drops records older than this and
-  whole topics with no activity for this long, so their old cursors fail by epoch),
-  ``synchronous`` (``full``, the default, or ``normal``), ``busy_timeout`` (seconds to wait for another
-  writer's lock, default 30), ``poll_interval`` (seconds between ``PRAGMA data_version`` checks of the
-  change feed, default 0.05), ``buffer_size``.
-- Durability: WAL journal. With ``synchronous=full`` an append returns only after its commit is
-  fsynced, so it survives a power loss; ``normal`` may lose the last commits on power loss (never on
-  a process crash) and never corrupts the file.
-- Ordering: every write is one ``BEGIN IMMEDIATE`` transaction, so ordinals are dense and commit
-  order equals ordinal order across processes. A read is one read transaction: the head and the
-  records it returns are a single snapshot.
-- Wake-ups: appends in this process wake subscriptions directly. Other processes' commits are noticed
-  by one poller thread per backend object that checks ``PRAGMA data_version`` every
-  ``poll_interval`` while at least one topic is watched (it sleeps on an event otherwise); a
-  subscription re-reads on its own at least once a second in case a wake-up is missed.
-- Concurrency: one writer connection behind a lock plus a small pool of reader connections, so reads
-  are not held up by a writer's fsync. The lock and the pool serve their waiters in arrival order
-  (FIFO), so a ``seal()`` waiting behind appenders in a tight loop gets its turn, in threads and
-  under gevent. Under gevent every SQLite call runs in the hub's threadpool; locks are taken in the
-  calling greenlet.
-- Identity: the file's resolved absolute path, so cursors from one process resume in another.
-- Limits: one host (SQLite locking needs a local file system, not NFS); writes are serialised across
-  all topics. Open a new backend after ``fork()`` rather than sharing one across it.
-
-Schema (created idempotently on open; ``PRAGMA user_version`` = 1)::
-
-    topics(id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, epoch TEXT NOT NULL,
-           first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, sealed INTEGER NOT NULL,
-           updated_at REAL NOT NULL)
-    records(topic_id INTEGER, seq INTEGER, created_at REAL, payload BLOB,
-            PRIMARY KEY (topic_id, seq)) WITHOUT ROWID
-
-``records`` is clustered on ``(topic_id, seq)``: a read is one range scan, a prefix trim one range
-delete, and an append one b-tree insert (no separate index to maintain). The counter row in
-``topics`` is the authority for ``first_seq``/``last_seq``; retention keeps it equal to the retained
-range.
-"""
+"""The SQLite adapter's driver: one writer connection, a pool of readers, one transaction per call."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import dataclasses
 import os
 import secrets
 import sqlite3
 import threading
 import time
-import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
 
-from ._connect import Options
-from ._contract import DurableStreamError, DurableStreamUnavailableError, TopicSealedError
-from ._cooperative import Wake, run_blocking
-from ._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
-from ._fair import FairLock, FairSemaphore
+from ..._contract import DurableStreamError, DurableStreamUnavailableError, TopicSealedError
+from ..._cooperative import run_blocking
+from ..._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
+from ..._fair import FairLock, FairSemaphore
+from ..._options import Options
+from .feed import SqliteChangeFeed
+from .settings import REREAD_INTERVAL, SqliteSettings
 
-__all__ = ["SqliteChangeFeed", "SqliteDriver", "open_driver"]
+__all__ = ["SqliteDriver", "open_driver"]
 
 T = TypeVar("T")
 
 SCHEMA_VERSION: Final = 1
 READER_POOL_SIZE: Final = 4
-#: How long a subscription waits before re-reading when no wake-up came (the poller is the fast path).
-FALLBACK_POLL_INTERVAL: Final = 1.0
-#: Topics per statement when the poller reads the watched topics' heads.
-WATCH_CHUNK: Final = 500
 #: Topics per write transaction in ``enforce_retention()``, so other writers get the lock in between.
 RETENTION_CHUNK: Final = 100
-_SYNCHRONOUS: Final = ("full", "normal")
 _SQLITE_BUSY: Final = 5
 
 _SCHEMA = (
@@ -115,8 +67,6 @@ ON CONFLICT (name) DO NOTHING
 _HEAD = "SELECT id, epoch, first_seq, last_seq, sealed FROM topics WHERE name = ?"
 
 _HeadRow = tuple[int, str, int, int, int]
-#: What the poller compares to decide that a watched topic changed: (epoch, first, last, sealed).
-_State = tuple[str, int, int, int]
 
 
 def _new_epoch() -> str:
@@ -149,57 +99,10 @@ def _transaction(connection: sqlite3.Connection, begin: str, work: Callable[[sql
     return result
 
 
-def _parse_path(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.netloc:
-        raise ValueError(f"sqlite URLs have no host: use sqlite:///relative.db or sqlite:////absolute.db, got {url!r}")
-    # As in SQLAlchemy: the third slash ends the (empty) authority, a fourth starts an absolute path.
-    path = urllib.parse.unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
-    if not path:
-        raise ValueError(f"sqlite URL has no database path: {url!r}")
-    if path == ":memory:" or path.startswith("file:"):
-        raise ValueError("sqlite:// needs a database file; use memory:// for an in-process store")
-    return path
-
-
-class _Settings:
-    __slots__ = ("busy_timeout", "feed_period", "max_age", "max_records", "path", "synchronous")
-
-    def __init__(self, path: str, options: Options) -> None:
-        self.max_records = options.pop_int("max_records", minimum=1)
-        self.max_age = options.pop_float("max_age_seconds", minimum=0.001)
-        synchronous = (options.pop_str("synchronous", "full") or "").strip().lower()
-        if synchronous not in _SYNCHRONOUS:
-            raise ValueError(f"option 'synchronous' must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}")
-        self.synchronous = synchronous.upper()
-        busy_timeout = options.pop_float("busy_timeout", 30.0, minimum=0.0)
-        feed_period = options.pop_float("poll_interval", 0.05, minimum=0.001)
-        assert busy_timeout is not None and feed_period is not None
-        self.busy_timeout = busy_timeout
-        self.feed_period = feed_period
-        self.path = path
-
-    def connect(self) -> sqlite3.Connection:
-        """Open and configure one connection. Blocking: call through ``run_blocking``."""
-        connection = sqlite3.connect(
-            self.path,
-            timeout=self.busy_timeout,
-            isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE for writes
-            check_same_thread=False,  # under gevent successive calls run on different pool threads
-            cached_statements=64,
-        )
-        try:
-            connection.execute(f"PRAGMA synchronous = {self.synchronous}")
-        except BaseException:
-            connection.close()
-            raise
-        return connection
-
-
 class _ReaderPool:
     """A few reader connections, opened on demand, so reads overlap each other and the writer."""
 
-    def __init__(self, settings: _Settings, size: int) -> None:
+    def __init__(self, settings: SqliteSettings, size: int) -> None:
         self._settings = settings
         self._slots = FairSemaphore(size)
         self._lock = threading.Lock()
@@ -244,12 +147,12 @@ class _ReaderPool:
 
 
 class SqliteDriver:
-    poll_interval = FALLBACK_POLL_INTERVAL
+    reread_interval = REREAD_INTERVAL
 
-    def __init__(self, settings: _Settings) -> None:
+    def __init__(self, settings: SqliteSettings) -> None:
         self._settings = settings
         self._max_records = settings.max_records
-        self._max_age = settings.max_age
+        self._max_age = settings.max_age_seconds
         self.identity = f"sqlite:{settings.path}"
         # Fair: with a plain lock under gevent, an appender in a tight loop re-takes it before the
         # greenlet it woke runs, and a waiting seal() never gets it.
@@ -517,142 +420,15 @@ def _drop_prefix(connection: sqlite3.Connection, topic_id: int, first: int, new_
     return removed
 
 
-class _Unknown:
-    """Baseline of a newly watched topic: its first observed state always counts as a change."""
-
-
-_UNKNOWN: Final = _Unknown()
-
-
-class SqliteChangeFeed:
-    """The backend's one poller: notices commits by any process through ``PRAGMA data_version``.
-
-    The thread starts with the feed but only polls while at least one topic is watched; otherwise
-    it waits on an event. When ``data_version`` moves, it reads the heads of the watched topics and
-    notifies those whose (epoch, first, last, sealed) changed or that vanished.
-    """
-
-    def __init__(self, settings: _Settings, notify: Callable[[str], None]) -> None:
-        self._settings = settings
-        self._notify = notify
-        self._period = settings.feed_period
-        self._lock = threading.Lock()
-        self._watched: dict[str, _State | _Unknown | None] = {}
-        self._active = threading.Event()  # set while something is watched, or to wake the thread for close()
-        self._stopping = threading.Event()
-        #: Number of ``data_version`` checks made so far (tests use it to prove the poller idles).
-        self.polls = 0
-        self._thread = threading.Thread(target=self._run, name="durable-stream-sqlite-poller", daemon=True)
-        self._thread.start()
-
-    @property
-    def thread(self) -> threading.Thread:
-        return self._thread
-
-    def watch(self, topic: str) -> None:
-        with self._lock:
-            self._watched.setdefault(topic, _UNKNOWN)
-            self._active.set()
-
-    def unwatch(self, topic: str) -> None:
-        with self._lock:
-            self._watched.pop(topic, None)
-            if not self._watched and not self._stopping.is_set():
-                self._active.clear()
-
-    def wait(self, wake: Wake, timeout: float) -> None:
-        wake.wait(timeout)
-
-    def close(self) -> None:
-        self._stopping.set()
-        self._active.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
-
-    def _run(self) -> None:
-        connection: sqlite3.Connection | None = None
-        last_version: int | None = None
-        failures = 0
-        try:
-            while True:
-                self._active.wait()
-                if self._stopping.is_set():
-                    return
-                try:
-                    if connection is None:
-                        connection = run_blocking(self._settings.connect)
-                        last_version = None
-                    version = run_blocking(functools.partial(_data_version, connection))
-                    self.polls += 1
-                    if version != last_version:
-                        last_version = version
-                        self._check(connection)
-                    failures = 0
-                except (sqlite3.Error, OSError):
-                    # Let every subscription re-read: a persistent failure then surfaces as its own
-                    # DurableStreamUnavailableError instead of a silent stall.
-                    failures += 1
-                    if connection is not None:
-                        with contextlib.suppress(sqlite3.Error):
-                            run_blocking(connection.close)
-                    connection = None
-                    with self._lock:
-                        topics = list(self._watched)
-                    self._deliver(topics)
-                delay = self._period if failures == 0 else min(self._period * 2**failures, FALLBACK_POLL_INTERVAL)
-                if self._stopping.wait(delay):
-                    return
-        finally:
-            if connection is not None:
-                with contextlib.suppress(sqlite3.Error):
-                    run_blocking(connection.close)
-
-    def _check(self, connection: sqlite3.Connection) -> None:
-        with self._lock:
-            topics = list(self._watched)
-        changed: list[str] = []
-        for start in range(0, len(topics), WATCH_CHUNK):
-            chunk = topics[start : start + WATCH_CHUNK]
-            states = run_blocking(functools.partial(_read_states, connection, chunk))
-            with self._lock:
-                for topic in chunk:
-                    if topic not in self._watched:
-                        continue
-                    state = states.get(topic)
-                    if self._watched[topic] != state:
-                        self._watched[topic] = state
-                        changed.append(topic)
-        self._deliver(changed)
-
-    def _deliver(self, topics: Sequence[str]) -> None:
-        for topic in topics:
-            with contextlib.suppress(Exception):  # a failing callback must not kill the backend's only poller
-                self._notify(topic)
-
-
-def _data_version(connection: sqlite3.Connection) -> int:
-    version: int = connection.execute("PRAGMA data_version").fetchone()[0]
-    return version
-
-
-def _read_states(connection: sqlite3.Connection, topics: Sequence[str]) -> dict[str, _State]:
-    marks = ",".join("?" * len(topics))
-    rows = connection.execute(
-        f"SELECT name, epoch, first_seq, last_seq, sealed FROM topics WHERE name IN ({marks})", tuple(topics)
-    ).fetchall()
-    return {name: (epoch, first, last, sealed) for name, epoch, first, last, sealed in rows}
-
-
 def open_driver(url: str, options: Options) -> SqliteDriver:
-    path = _parse_path(url)
-    settings = _Settings(path, options)
+    settings = SqliteSettings.from_url(url, options)
     # Reject unknown options before touching the file system.
     options.ensure_consumed("sqlite")
 
     def resolve() -> str:
-        absolute = os.path.abspath(path)
+        absolute = os.path.abspath(settings.path)
         os.makedirs(os.path.dirname(absolute), exist_ok=True)
         return os.path.realpath(absolute)
 
-    settings.path = _guarded("open", resolve)
-    return _guarded("open", lambda: SqliteDriver(settings))
+    resolved = dataclasses.replace(settings, path=_guarded("open", resolve))
+    return _guarded("open", lambda: SqliteDriver(resolved))

@@ -1,4 +1,4 @@
-"""Server-side Lua scripts of the Redis adapter.
+"""Server-side Lua scripts of the Redis adapter, and the keys they work on.
 
 Every operation that reads or changes a topic is one script, so Redis runs it atomically: the
 ordinal, the record, the trim, the TTL and the wake-up message of an append happen together, and a
@@ -31,7 +31,45 @@ error rather than repair.
 
 from __future__ import annotations
 
-__all__ = ["APPEND", "DELETE", "HEAD", "INFO", "READ", "RETAIN", "SEAL", "TRIM"]
+import dataclasses
+import hashlib
+
+__all__ = [
+    "APPEND",
+    "APPEND_SCRIPT",
+    "DELETE",
+    "DELETE_SCRIPT",
+    "HEAD",
+    "HEAD_SCRIPT",
+    "INFO",
+    "INFO_SCRIPT",
+    "READ",
+    "READ_SCRIPT",
+    "RETAIN",
+    "RETAIN_SCRIPT",
+    "SEAL",
+    "SEAL_SCRIPT",
+    "TRIM",
+    "TRIM_SCRIPT",
+    "Script",
+    "topic_keys",
+]
+
+
+def topic_keys(prefix: str, topic: str) -> tuple[bytes, bytes, bytes]:
+    """``KEYS[1..3]`` of ``topic``: the metadata hash, the stream and the hint channel.
+
+    All three share the hash tag ``{<prefix><topic>}``; a topic name containing ``{``/``}`` or
+    starting with ``#`` uses a digest of the name as the tag instead.
+    """
+    if "{" in topic or "}" in topic or topic.startswith("#"):
+        digest = hashlib.blake2b(topic.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+        tag = f"{prefix}#{digest}"
+    else:
+        tag = prefix + topic
+    base = b"{" + tag.encode("utf-8", "surrogatepass") + b"}:"
+    return base + b"m", base + b"s", base + b"n"
+
 
 # Shared helpers, prepended to each script.
 _COMMON = r"""
@@ -239,3 +277,25 @@ redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('SPUBLISH', KEYS[3], 'd')
 return existed
 """
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Script:
+    """A script's source and the SHA1 that ``EVALSHA`` names it by."""
+
+    source: str
+    sha: str
+
+    @classmethod
+    def of(cls, source: str) -> Script:
+        return cls(source, hashlib.sha1(source.encode()).hexdigest())
+
+
+APPEND_SCRIPT = Script.of(APPEND)
+SEAL_SCRIPT = Script.of(SEAL)
+HEAD_SCRIPT = Script.of(HEAD)
+READ_SCRIPT = Script.of(READ)
+INFO_SCRIPT = Script.of(INFO)
+TRIM_SCRIPT = Script.of(TRIM)
+RETAIN_SCRIPT = Script.of(RETAIN)
+DELETE_SCRIPT = Script.of(DELETE)

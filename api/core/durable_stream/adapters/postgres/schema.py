@@ -3,8 +3,8 @@
 The adapter creates its tables on first use unless ``create_tables=false``; operators who prefer to
 run DDL separately (no ``CREATE`` privilege at run time, change review) use the command instead::
 
-    python -m api.core.durable_stream._postgres_schema postgresql://user@host/db --schema durable_stream
-    python -m api.core.durable_stream._postgres_schema --print-sql --schema durable_stream
+    python -m api.core.durable_stream.adapters.postgres.schema postgresql://user@host/db --schema durable_stream
+    python -m api.core.durable_stream.adapters.postgres.schema --print-sql --schema durable_stream
 
 Layout (one schema per store, so several stores can share a database):
 
@@ -24,29 +24,18 @@ transaction-scoped advisory lock derived from the schema name, and is skipped en
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import uuid
 from typing import TYPE_CHECKING
 
+from .settings import DEFAULT_SCHEMA, quote_ident, sqlalchemy_url, validate_schema
+
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-__all__ = ["SCHEMA_VERSION", "ddl_statements", "ensure_schema", "quote_ident", "read_identity", "validate_schema"]
+__all__ = ["SCHEMA_VERSION", "ddl_statements", "ensure_schema", "main", "read_identity"]
 
 SCHEMA_VERSION = "1"
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-
-
-def validate_schema(name: str) -> str:
-    """Accept plain identifiers only: the name is interpolated into DDL and channel names."""
-    if not _IDENTIFIER.match(name):
-        raise ValueError(f"option 'schema' must be a plain SQL identifier (letters, digits, _), got {name!r}")
-    return name
-
-
-def quote_ident(name: str) -> str:
-    return '"' + validate_schema(name).replace('"', '""') + '"'
 
 
 def ddl_statements(schema: str) -> list[str]:
@@ -112,11 +101,11 @@ def ensure_schema(conn: Connection, schema: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m api.core.durable_stream._postgres_schema",
+        prog="python -m api.core.durable_stream.adapters.postgres.schema",
         description="Create (idempotently) the tables of the durable-stream PostgreSQL adapter.",
     )
     parser.add_argument("url", nargs="?", help="postgresql://user[:password]@host[:port]/database")
-    parser.add_argument("--schema", default="durable_stream", help="schema holding the tables (default: %(default)s)")
+    parser.add_argument("--schema", default=DEFAULT_SCHEMA, help="schema holding the tables (default: %(default)s)")
     parser.add_argument("--print-sql", action="store_true", help="print the DDL instead of running it")
     args = parser.parse_args(argv)
     schema = validate_schema(args.schema)
@@ -128,8 +117,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("a database URL is required unless --print-sql is given")
 
     from sqlalchemy import create_engine
-
-    from ._postgres import sqlalchemy_url
 
     engine = create_engine(sqlalchemy_url(args.url))
     try:

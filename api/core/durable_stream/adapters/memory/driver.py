@@ -1,18 +1,4 @@
-"""In-process reference adapter.
-
-Capability card
----------------
-- URL: ``memory://``. Every backend object owns one private store shared by all its threads.
-- Durability: none; the store lives and dies with the backend object.
-- Wake-ups: direct, in-process; no watcher thread.
-- Concurrency: one lock per store, which serves its waiters in arrival order (FIFO), so a writer
-  waiting behind others in a tight loop gets its turn. Under gevent an append or seal first lets
-  the other ready greenlets run, as a write to a real store would while it waits for I/O: a
-  greenlet appending in a loop cannot keep the hub to itself.
-- Options: ``max_records`` (applied on every append), ``max_age_seconds`` (applied by
-  ``admin.enforce_retention()``), ``buffer_size``.
-- Use: tests, examples, and as the executable specification the other adapters are checked against.
-"""
+"""The memory adapter's driver: one dict of topics behind one FIFO-fair lock."""
 
 from __future__ import annotations
 
@@ -21,13 +7,14 @@ import time
 import uuid
 from collections.abc import Callable
 
-from ._connect import Options
-from ._contract import TopicSealedError
-from ._cooperative import yield_to_greenlets
-from ._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
-from ._fair import FairLock
+from ..._contract import TopicSealedError
+from ..._cooperative import yield_to_greenlets
+from ..._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
+from ..._fair import FairLock
+from ..._options import Options
+from .settings import MemorySettings
 
-__all__ = ["MemoryDriver"]
+__all__ = ["MemoryDriver", "open_driver"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -54,14 +41,12 @@ class _Topic:
 
 
 class MemoryDriver:
-    poll_interval = 5.0
+    reread_interval = 5.0
 
-    def __init__(self, options: Options) -> None:
-        max_records = options.pop_int("max_records", minimum=1)
-        max_age_seconds = options.pop_float("max_age_seconds", minimum=0.001)
+    def __init__(self, settings: MemorySettings) -> None:
         self.identity = f"memory:{uuid.uuid4().hex}"
-        self._max_records = max_records
-        self._max_age = max_age_seconds
+        self._max_records = settings.max_records
+        self._max_age = settings.max_age_seconds
         self._topics: dict[str, _Topic] = {}
         self._lock = FairLock()
 
@@ -153,4 +138,4 @@ class MemoryDriver:
 
 
 def open_driver(url: str, options: Options) -> MemoryDriver:
-    return MemoryDriver(options)
+    return MemoryDriver(MemorySettings.from_options(options))

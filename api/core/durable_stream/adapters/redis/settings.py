@@ -1,0 +1,91 @@
+"""Settings of the Redis adapter, parsed once from the URL and the connection options."""
+
+from __future__ import annotations
+
+import dataclasses
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+from ..._options import Options
+
+__all__ = ["DEFAULT_KEY_PREFIX", "SSL_OPTIONS", "RedisSettings"]
+
+DEFAULT_KEY_PREFIX = "ds:"
+SSL_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RedisSettings:
+    #: The URL without its query string.
+    url: str
+    #: ``redis+cluster://``: the URL lists cluster nodes.
+    cluster: bool = False
+    #: Prefix of every key (inside the hash tag); never contains ``{`` or ``}``.
+    key_prefix: str = DEFAULT_KEY_PREFIX
+    #: Exact ``MAXLEN`` per topic (0: unlimited).
+    max_records: int = 0
+    #: ``max_age_seconds``, or ``None`` when records do not expire.
+    max_age_seconds: float | None = None
+    #: Connections shared by all subscriptions' reads (per node with Redis Cluster).
+    read_connections: int = 3
+    #: Connections for appends and other commands (per node with Redis Cluster).
+    max_connections: int = 16
+    socket_timeout: float = 5.0
+    socket_connect_timeout: float = 2.0
+    #: Seconds between the change feed's checks of all watched topics' heads.
+    poll_interval: float = 1.0
+    #: Keep just-appended records (from hints and local appends) for readers at the tail.
+    prefetch: bool = True
+    #: Largest payload copied into a hint (0: wake-ups only).
+    hint_payload_limit: int = 16384
+    #: ``ssl_*`` options for ``rediss://`` (passed to redis-py as given).
+    ssl: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_url(cls, url: str, options: Options) -> RedisSettings:
+        scheme = urllib.parse.urlsplit(url).scheme.lower()
+        prefix = options.pop_str("key_prefix", DEFAULT_KEY_PREFIX)
+        if "{" in prefix or "}" in prefix:
+            raise ValueError("option 'key_prefix' must not contain '{' or '}'")
+        max_records = options.pop_int("max_records", minimum=1)
+        settings = cls(
+            url=url,
+            cluster=scheme == "redis+cluster",
+            key_prefix=prefix,
+            max_records=max_records or 0,
+            max_age_seconds=options.pop_float("max_age_seconds", minimum=0.001),
+            read_connections=options.pop_int("read_connections", 3, minimum=1),
+            max_connections=options.pop_int("max_connections", 16, minimum=1),
+            socket_timeout=options.pop_float("socket_timeout", 5.0, minimum=0.01),
+            socket_connect_timeout=options.pop_float("socket_connect_timeout", 2.0, minimum=0.01),
+            poll_interval=options.pop_float("poll_interval", 1.0, minimum=0.01),
+            prefetch=options.pop_bool("prefetch", True),
+            hint_payload_limit=options.pop_int("hint_payload_limit", 16384, minimum=0),
+            ssl={name: value for name in SSL_OPTIONS if (value := options.pop_str(name)) is not None},
+        )
+        if settings.ssl and scheme != "rediss":
+            raise ValueError(f"options {', '.join(sorted(settings.ssl))} need a rediss:// URL")
+        return settings
+
+    @property
+    def max_age_ms(self) -> int:
+        """``max_age_seconds`` in whole milliseconds (at least 1), or 0 without it."""
+        return 0 if self.max_age_seconds is None else max(1, round(self.max_age_seconds * 1000))
+
+    def client_options(self) -> dict[str, Any]:
+        """What every redis-py connection gets: timeouts, TLS, RESP2, and no retries at all.
+
+        A retried append could store a record twice without anyone knowing, and a dead server must
+        surface promptly instead of after rounds of back-off.
+        """
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        return {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.socket_connect_timeout,
+            "retry": Retry(NoBackoff(), 0),
+            "protocol": 2,
+            **self.ssl,
+        }

@@ -1,0 +1,232 @@
+"""The durable-stream tests' one way inside the library.
+
+Tests use the public API (``connect``, topics, subscriptions) and ``backend.admin`` first. What can
+only be observed or provoked from inside (which driver and change feed a backend runs, a Redis
+topic's keys, who reads the Redis change feed's links, a lost hint) goes through the functions
+here: this module is the only test code that touches the library's internals, so a change of
+internals is answered here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from api.core.durable_stream import DurableStreamBackend, DurableStreamSubscription
+from api.core.durable_stream._cooperative import gevent_active
+
+if TYPE_CHECKING:
+    from api.core.durable_stream.adapters.redis.driver import RedisDriver
+    from api.core.durable_stream.adapters.redis.feed import RedisChangeFeed
+    from api.core.durable_stream.adapters.redis.links import FeedLink
+    from api.core.durable_stream.adapters.sqlite.driver import SqliteDriver
+    from api.core.durable_stream.adapters.sqlite.feed import SqliteChangeFeed
+
+
+#: Where a subscription's thread blocks in ``receive()`` (plain threads): on its wake-up, or (Redis)
+#: in the change feed links' ``select()`` while it reads the hints itself.
+WAIT_FRAMES = frozenset({"ThreadWake.wait", "LinkReader._wait"})
+
+
+__all__ = ["WAIT_FRAMES", "gevent_active"]  # and the functions below
+
+# -- every adapter ------------------------------------------------------------------------------
+
+
+def driver(backend: DurableStreamBackend) -> Any:
+    """The adapter's driver behind ``backend``."""
+    return backend._engine.driver
+
+
+def identity(backend: DurableStreamBackend) -> str:
+    """The store identity cursors are bound to (equal for every backend object of one store)."""
+    return str(driver(backend).identity)
+
+
+def change_feed(backend: DurableStreamBackend) -> Any:
+    """The backend's change feed, ``None`` before the first subscription (or for memory://)."""
+    return backend._engine.notifier._feed
+
+
+def registered_topics(backend: DurableStreamBackend) -> dict[str, Any]:
+    """Topics with at least one registered waiting subscription (wake-up registrations)."""
+    return dict(backend._engine.notifier._waiters)
+
+
+def subscription_transitions() -> Any:
+    """The lock every subscription's enter and close take (held across a fork in a test)."""
+    from api.core.durable_stream import _subscription
+
+    return _subscription._TRANSITIONS
+
+
+def is_waiting(subscription: DurableStreamSubscription) -> bool:
+    """Under gevent: whether a greenlet waits on the subscription's wake-up."""
+    return bool(subscription._wake._waiters)  # type: ignore[attr-defined]
+
+
+# -- SQLite -------------------------------------------------------------------------------------
+
+
+def sqlite_driver(backend: DurableStreamBackend) -> SqliteDriver:
+    from api.core.durable_stream.adapters.sqlite.driver import SqliteDriver
+
+    found = driver(backend)
+    assert isinstance(found, SqliteDriver)
+    return found
+
+
+def sqlite_feed(backend: DurableStreamBackend) -> SqliteChangeFeed | None:
+    from api.core.durable_stream.adapters.sqlite.feed import SqliteChangeFeed
+
+    feed = change_feed(backend)
+    assert feed is None or isinstance(feed, SqliteChangeFeed)
+    return feed
+
+
+def sqlite_pragma(backend: DurableStreamBackend, name: str) -> Any:
+    """A ``PRAGMA`` as the writer connection sees it."""
+    return sqlite_driver(backend)._writer.execute(f"PRAGMA {name}").fetchone()[0]
+
+
+def sqlite_settings(backend: DurableStreamBackend) -> Any:
+    return sqlite_driver(backend)._settings
+
+
+def sqlite_feed_polling(feed: SqliteChangeFeed) -> bool:
+    """Whether the SQLite poller is active (something is watched) rather than parked."""
+    return feed._active.is_set()
+
+
+# -- Redis --------------------------------------------------------------------------------------
+
+
+def redis_driver(backend: DurableStreamBackend) -> RedisDriver:
+    from api.core.durable_stream.adapters.redis.driver import RedisDriver
+
+    found = driver(backend)
+    assert isinstance(found, RedisDriver)
+    return found
+
+
+def redis_keys(backend: DurableStreamBackend, topic: str) -> tuple[bytes, bytes, bytes]:
+    """The topic's metadata hash, stream and hint channel."""
+    return redis_driver(backend)._keys(topic)
+
+
+def redis_settings(backend: DurableStreamBackend) -> Any:
+    return redis_driver(backend)._settings
+
+
+def redis_prefetching(backend: DurableStreamBackend) -> bool:
+    return redis_driver(backend)._prefetch is not None
+
+
+def redis_feeds(backend: DurableStreamBackend) -> list[RedisChangeFeed]:
+    return list(redis_driver(backend)._feeds)
+
+
+def redis_change_feed_class() -> type[RedisChangeFeed]:
+    """The Redis change feed's class (to slow one of its steps down with ``monkeypatch``)."""
+    from api.core.durable_stream.adapters.redis.feed import RedisChangeFeed
+
+    return RedisChangeFeed
+
+
+def redis_feed(backend: DurableStreamBackend) -> RedisChangeFeed:
+    from api.core.durable_stream.adapters.redis.feed import RedisChangeFeed
+
+    feed = redis_feeds(backend)[0]
+    assert isinstance(feed, RedisChangeFeed)
+    return feed
+
+
+def count_redis_head_checks(backend: DurableStreamBackend) -> list[list[str]]:
+    """Record the topics of every periodic head check of the change feed (the real check still runs)."""
+    found = redis_driver(backend)
+    made: list[list[str]] = []
+    original = found._heads
+
+    def counted(topics: list[str]) -> Any:
+        made.append(list(topics))
+        return original(topics)
+
+    found._heads = counted  # type: ignore[method-assign]
+    return made
+
+
+def count_redis_reads(backend: DurableStreamBackend) -> Callable[[], int]:
+    """Count the reads that reach Redis, by wrapping the deployment's read (the real one still runs)."""
+    counter = [0]
+    deployment = redis_driver(backend)._redis
+    original = deployment.read
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counter[0] += 1
+        return original(*args, **kwargs)
+
+    deployment.read = counted
+    return lambda: counter[0]
+
+
+def links_reader(feed: RedisChangeFeed) -> int:
+    """The thread ident of whoever holds the feed's baton (reads its links), 0 if nobody."""
+    return feed._reader
+
+
+def listener_thread(feed: RedisChangeFeed) -> threading.Thread:
+    return feed._thread
+
+
+def listener_reads(feed: RedisChangeFeed) -> bool:
+    return feed._reader == feed._thread.ident
+
+
+def feed_links(feed: RedisChangeFeed) -> dict[str, FeedLink]:
+    return dict(feed._links)
+
+
+def wake_listener(feed: RedisChangeFeed) -> None:
+    """Interrupt the links' ``select()`` (as a watch or a close does)."""
+    feed._wake()
+
+
+def leave_listener_call(feed: RedisChangeFeed) -> None:
+    """A call for the listener left over while a subscription keeps reading the links."""
+    feed._vacated.set()
+
+
+def intercept_redis_hints(
+    feed: RedisChangeFeed, handler: Callable[[Callable[[str, bytes], None], str, bytes], None]
+) -> None:
+    """Route every hint the feed reads through ``handler(deliver, topic, message)`` from now on."""
+    deliver = feed.deliver_hint
+
+    def intercepted(topic: str, message: bytes) -> None:
+        handler(deliver, topic, message)
+
+    feed.deliver_hint = intercepted  # type: ignore[method-assign]
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+
+
+def postgres_engine(backend: DurableStreamBackend) -> Any:
+    """The SQLAlchemy engine of the driver's pool."""
+    return driver(backend)._engine
+
+
+# -- cursors ------------------------------------------------------------------------------------
+
+
+def cursor_codec(backend: DurableStreamBackend, topic: str) -> Any:
+    """The codec of ``topic``'s cursors (to decode a cursor's position, or forge one)."""
+    from api.core.durable_stream._cursor import CursorCodec
+
+    return CursorCodec(identity(backend), topic)
+
+
+def redis_client_name(backend: DurableStreamBackend) -> str:
+    """The prefix of the Redis ``CLIENT SETNAME`` of the backend's connections."""
+    return str(redis_driver(backend)._name)

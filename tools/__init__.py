@@ -1,0 +1,1 @@
+"""Project tools (documentation generators); not part of the application package."""
