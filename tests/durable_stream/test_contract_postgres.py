@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 from api.core.durable_stream import DurableStreamBackend, connect
+from harness.services import POSTGRES_URL
 
 from .contract import DurableStreamContract
 
-SHARED_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+SHARED_URL = POSTGRES_URL
 
 
 @pytest.fixture(scope="session")

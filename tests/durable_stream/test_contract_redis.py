@@ -10,10 +10,11 @@ import uuid
 from typing import Any
 
 from api.core.durable_stream import DurableStreamBackend, connect
+from harness.services import redis_url
 
 from .contract import DurableStreamContract
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = redis_url(0)
 KEY_PREFIX = f"dstest-{uuid.uuid4().hex[:12]}:"
 
 

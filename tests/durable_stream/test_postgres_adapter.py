@@ -29,11 +29,12 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     connect,
 )
+from harness.services import POSTGRES_DSN
 from harness.waiting import wait_until
 from tests.durable_stream import hooks
 from tests.durable_stream.contract._base import drain
 
-SHARED_URL = "postgresql://postgres@127.0.0.1:5432/test"
+SHARED_URL = POSTGRES_DSN
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -92,7 +93,7 @@ def test_every_url_form_reaches_the_same_store(open_backend: Callable[..., Durab
     for url in (
         SHARED_URL.replace("postgresql://", "postgres://"),
         SHARED_URL.replace("postgresql://", "postgresql+psycopg://"),
-        "POSTGRESQL://postgres@127.0.0.1:5432/test",
+        SHARED_URL.replace("postgresql://", "POSTGRESQL://"),
     ):
         other = open_backend(url)
         assert hooks.identity(other) == hooks.identity(first)

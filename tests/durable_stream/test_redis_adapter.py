@@ -39,11 +39,12 @@ from tests.durable_stream import hooks
 if TYPE_CHECKING:
     from api.core.durable_stream.adapters.redis.feed import RedisChangeFeed
 
+from harness.services import REDIS_PORT, redis_url
 from harness.waiting import wait_until
 
 from .contract._base import blocked_in_wait, drain, drain_until_closed, payloads, waiting_in_receive
 
-SHARED_URL = "redis://127.0.0.1:6379/0"
+SHARED_URL = redis_url(0)
 KEY_PREFIX = f"dstest-{uuid.uuid4().hex[:12]}:"
 
 needs_redis_server = pytest.mark.skipif(not redis_available(), reason="redis-server is needed")
@@ -186,7 +187,7 @@ def test_a_second_backend_with_the_same_prefix_resumes_cursors(
     for payload in payloads(4):
         first.topic(name).append(payload)
     cursor = cursor_after(first, name, 2)[-1]
-    other = open_backend("redis://localhost:6379/0")  # another spelling of the same server
+    other = open_backend(f"redis://localhost:{REDIS_PORT}/0")  # another spelling of the same server
     with other.topic(name).subscribe_from_cursor(cursor) as subscription:
         assert [r.payload for r in drain(subscription, 2)] == payloads(4)[2:]
 
