@@ -1,0 +1,4 @@
+"""NATS JetStream adapter (``nats://``, ``tls://``).
+
+Card to be written.
+"""
