@@ -25,7 +25,7 @@ from harness.nats_server import NatsServer
 from harness.redis_server import free_port
 from tests.durable_stream import hooks
 
-from .contract._base import closing_all, drain
+from .contract._base import closing_all, drain, expect_cursor_unavailable
 
 SHARED_URL = ""  # every test here opens backends on its module's private server
 
@@ -184,3 +184,24 @@ def test_a_backend_created_before_fork_works_in_the_child(open_nats: Any) -> Non
         assert [r.payload for r in drain(subscription, 3)] == [b"parent", b"child", b"parent again"]
         assert subscription.receive(timeout=0) is None
     assert subscription.receive(timeout=0) is CLOSED
+
+
+def test_records_read_before_another_backend_trimmed_them_are_not_served_again(open_nats: Any) -> None:
+    """The read cache of one backend object never hides a trim or delete made through another."""
+    reader, admin = open_nats(), open_nats()
+    topic = reader.topic("cached")
+    for index in range(10):
+        topic.append(f"r{index}".encode())
+    with topic.subscribe_from_beginning() as subscription:
+        cursors = [r.cursor for r in drain(subscription, 10)]
+    with topic.subscribe_from_cursor(cursors[0]) as again:  # served from the cache
+        assert [r.payload for r in drain(again, 9)] == [f"r{index}".encode() for index in range(1, 10)]
+    assert admin.admin.trim_topic("cached", keep_last=3) == 7
+    expect_cursor_unavailable(topic, cursors[2])
+    with topic.subscribe_from_cursor(cursors[6]) as retained:
+        assert [r.payload for r in drain(retained, 3)] == [b"r7", b"r8", b"r9"]
+    assert admin.admin.delete_topic("cached")
+    admin.topic("cached").append(b"new")
+    expect_cursor_unavailable(topic, cursors[6])
+    with topic.subscribe_from_beginning() as fresh:
+        assert [r.payload for r in drain(fresh, 1)] == [b"new"]

@@ -19,6 +19,9 @@ Capability card
 - Reads: direct gets only (``allow_direct``): the subject's last message, then a batch of the next
   ``buffer_size`` messages after the reader's sequence (``next_by_subj`` + ``batch``). No JetStream
   consumer is ever created, however many subscriptions are open (a test checks the server's count).
+  Messages read in order stay in a small cache per backend object (8,192 messages, most recently read
+  topics first), so other subscriptions reading the same stretch take it from memory once the server
+  confirmed the subject's first retained sequence is not beyond it (removals are always prefixes).
 - Gaps are exact: the first record after a position must be ordinal + 1 and every batch dense, or
   ``CursorUnavailableError``. (JetStream itself silently starts at the next retained message when a
   start sequence was removed; the ordinals are what catches that.)
@@ -124,7 +127,7 @@ Faults (each has a test in ``tests/durable_stream/test_nats_faults.py``)
 Modules
 -------
 - ``driver``: the driver (the synchronous face, the error translation, fork), ``open_driver``.
-- ``topics``: ordinals, epochs, markers, seal, trims (on the loop).
+- ``topics``: ordinals, epochs, markers, seal, trims (on the loop); ``cache``: the read cache.
 - ``jetstream``: the connection and the JetStream requests; ``loop``: the loop thread and the
   hand-over; ``feed``: the change feed; ``settings``: URL and options.
 """

@@ -18,6 +18,7 @@ import weakref
 
 from ..._contract import DurableStreamUnavailableError, TopicSealedError
 from ..._driver import Batch, Position, StoredRecord, TopicHead
+from .cache import ReadCache
 from .jetstream import (
     KIND_CREATED,
     KIND_RECORD,
@@ -51,6 +52,14 @@ def _new_epoch() -> str:
     return secrets.token_hex(8)
 
 
+def _records(messages: list[StreamMessage], after: int) -> list[StoredRecord]:
+    return [
+        StoredRecord(message.ordinal, str(message.seq), message.payload)
+        for message in messages
+        if message.is_record and message.ordinal > after
+    ]
+
+
 def _headers(ordinal: int, epoch: str, kind: str = KIND_RECORD) -> dict[str, str]:
     headers = {"Ds-O": str(ordinal), "Ds-E": epoch}
     if kind != KIND_RECORD:
@@ -66,13 +75,15 @@ class TopicStore:
         self._prefix = subject_prefix
         self._tails: collections.OrderedDict[str, StreamMessage] = collections.OrderedDict()
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._cache = ReadCache()
 
     def subject(self, topic: str) -> str:
         return f"{self._prefix}.{subject_token(topic)}"
 
     def forget(self) -> None:
-        """Drop every remembered tail (after a reconnect: the server may have lost them)."""
+        """Drop every remembered tail and read (after a reconnect: the server may have lost them)."""
         self._tails.clear()
+        self._cache.clear()
 
     def _lock(self, subject: str) -> asyncio.Lock:
         lock = self._locks.get(subject)
@@ -175,35 +186,60 @@ class TopicStore:
 
     async def read(self, topic: str, after: Position, limit: int) -> Batch:
         subject = self.subject(topic)
-        start = 1
+        previous: int | None = None
         if after.native:
             try:
-                start = int(after.native) + 1
+                previous = int(after.native)
             except ValueError:
-                start = 1  # not a sequence (a cursor of another adapter never gets here: digests differ)
+                previous = None  # not a sequence: read from the first message and skip by ordinal
         for _ in range(_READ_ATTEMPTS):
             last = await self._js.last(subject)
             if last is None:
                 return Batch(head=None, records=())
+            sealed = last.kind == KIND_SEALED
             if last.ordinal <= after.ordinal:
                 # At (or past) the tail: nothing to read, and no gap can lie before the tail.
-                head = TopicHead(last.epoch, last.ordinal + 1, last.ordinal, last.kind == KIND_SEALED, str(last.seq))
+                head = TopicHead(last.epoch, last.ordinal + 1, last.ordinal, sealed, str(last.seq))
                 return Batch(head=head, records=())
-            messages = await self._js.batch(subject, start, limit)
-            records = [
-                StoredRecord(message.ordinal, str(message.seq), message.payload)
-                for message in messages
-                if message.is_record and message.ordinal > after.ordinal and message.seq <= last.seq
-            ]
-            if any(message.epoch != last.epoch for message in messages if message.seq <= last.seq):
-                continue  # the topic was deleted and re-created between the two reads
+            records = await self._cached(subject, previous, after.ordinal, last, limit)
+            if records is None:
+                messages = await self._js.batch(subject, 1 if previous is None else previous + 1, limit)
+                messages = [message for message in messages if message.seq <= last.seq]
+                if any(message.epoch != last.epoch for message in messages):
+                    continue  # the topic was deleted and re-created between the two reads
+                self._cache.store(subject, previous, messages)
+                records = _records(messages, after.ordinal)
             if records:
-                head = TopicHead(last.epoch, records[0].ordinal, last.ordinal, last.kind == KIND_SEALED, str(last.seq))
+                head = TopicHead(last.epoch, records[0].ordinal, last.ordinal, sealed, str(last.seq))
                 return Batch(head=head, records=records)
             exact = await self._exact_head(subject, last)
             if exact is not None:
                 return Batch(head=exact, records=())
         raise DurableStreamUnavailableError(f"topic {topic!r} kept changing while it was read")
+
+    async def _cached(
+        self, subject: str, previous: int | None, after: int, last: StreamMessage, limit: int
+    ) -> list[StoredRecord] | None:
+        """The records after the position from the read cache, once the server confirmed they are retained."""
+        if previous is None:
+            first = await self._js.first(subject)
+            if first is None:
+                return None
+            messages = self._cache.follow(subject, first.seq, None, last.seq, limit)
+        else:
+            messages = self._cache.follow(subject, None, previous, last.seq, limit)
+            if not messages:
+                return None
+            first = await self._js.first(subject)
+            if first is None:
+                return None
+        if not messages or first.seq > messages[0].seq or first.epoch != last.epoch:
+            return None
+        if any(message.epoch != last.epoch for message in messages):
+            self._cache.drop(subject)
+            return None
+        records = _records(messages, after)
+        return records or None
 
     async def trim(self, topic: str, keep_last: int) -> int:
         subject = self.subject(topic)
@@ -235,6 +271,7 @@ class TopicStore:
         subject = self.subject(topic)
         async with self._lock(subject):
             self._tails.pop(subject, None)
+            self._cache.drop(subject)
             return await self._js.purge(subject) > 0
 
     async def info(self, topic: str) -> tuple[int, int, int, bool, str] | None:
