@@ -252,3 +252,8 @@ def nats_minimum_version(monkeypatch: Any, version: tuple[int, int, int]) -> Non
     from api.core.durable_stream.adapters.nats import jetstream
 
     monkeypatch.setattr(jetstream, "MIN_SERVER_VERSION", version)
+
+
+def nats_stream_leader(backend: DurableStreamBackend) -> str:
+    """The ``server_name`` of the node leading the backend's stream (clusters)."""
+    return str(driver(backend).stream_leader())

@@ -51,7 +51,10 @@ Options (keyword arguments of ``connect()`` or URL query parameters):
   every append; a seal marker counts as one message
 - ``max_age_seconds`` (default: none): the stream's ``max_age``; the server removes older messages
   continuously, and a topic idle that long disappears entirely (its old cursors then fail)
-- ``replicas`` (default 1): the stream's ``num_replicas`` (3 or 5 in a cluster)
+- ``replicas`` (default 1): the stream's ``num_replicas`` (3 or 5 in a cluster). With replicas, heads
+  (first and last message of a subject) are read from the stream leader (``STREAM.MSG.GET``), since a
+  follower answering a direct get may not have applied the newest messages yet; batches still come
+  from any replica, and one that is behind the leader's head is asked again.
 - ``storage`` (default ``file``): ``file`` or ``memory``
 - ``buffer_size`` (default 128): records a subscription holds, and the batch of one direct get
 - ``request_timeout`` / ``connect_timeout`` (default 5 s / 2 s)
@@ -119,6 +122,10 @@ Faults (each has a test in ``tests/durable_stream/test_nats_faults.py``)
 - **Restart with memory storage** (or the stream deleted): the history is gone, the next append
   re-creates the stream and starts a new epoch; old cursors get ``CursorUnavailableError``, and so
   do live subscriptions (or ``DurableStreamUnavailableError`` if they read while it reconnected).
+- **Stream leader killed** (3-node cluster, ``replicas=3``, ``test_nats_cluster.py``): appends fail
+  with ``DurableStreamUnavailableError`` for the election (a few seconds), then continue; no
+  acknowledged record is lost or duplicated, and a subscription continues (or fails with
+  ``DurableStreamUnavailableError``).
 - **Minimum server version**: 2.11, because reads use batched direct gets (``batch``, added in 2.11;
   an older server answers with one message and no end-of-batch marker). The compare-and-set race
   (8 concurrent writers, 30 rounds, one topic each) showed no duplicate and no gap on 2.9.10 and

@@ -149,6 +149,11 @@ class NatsDriver:
         conn = self._connection()
         return _translate("stream info", lambda: conn.loop.run(conn.js.consumer_count, self._timeout))
 
+    def stream_leader(self) -> str:
+        """The server name of the stream's leader in a cluster."""
+        conn = self._connection()
+        return _translate("stream info", lambda: conn.loop.run(conn.js.stream_leader, self._timeout))
+
     def open_change_feed(self, notify: Callable[[str], None]) -> ChangeFeed | None:
         conn = self._connection()
         feed = NatsChangeFeed(

@@ -17,6 +17,7 @@ the last ordinal before it), ``Ds-E`` (the topic's epoch) and for markers ``Ds-K
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -133,6 +134,7 @@ class JetStream:
         self._settings = settings
         self._stream = settings.stream
         self._timeout = settings.request_timeout
+        self._replicated = settings.replicas > 1
         self._on_connection_change = on_connection_change
         self.nc: Client | None = None
         self._inbox = ""
@@ -229,6 +231,11 @@ class JetStream:
 
     async def _error(self, exc: Exception) -> None:
         pass  # reported by the operations that fail; nothing to do here
+
+    @property
+    def replicated(self) -> bool:
+        """Whether the stream has replicas (direct gets may then come from a follower behind the leader)."""
+        return self._replicated
 
     @property
     def connected(self) -> bool:
@@ -335,12 +342,35 @@ class JetStream:
 
     async def last(self, subject: str) -> StreamMessage | None:
         """The last message of ``subject``, or ``None``."""
+        if self._replicated:
+            return await self._from_leader({"last_by_subj": subject})
         return await self._direct(f"$JS.API.DIRECT.GET.{self._stream}.{subject}", b"")
 
     async def first(self, subject: str) -> StreamMessage | None:
         """The first retained message of ``subject``, or ``None``."""
+        if self._replicated:
+            return await self._from_leader({"seq": 1, "next_by_subj": subject})
         request = json.dumps({"seq": 1, "next_by_subj": subject}).encode()
         return await self._direct(f"$JS.API.DIRECT.GET.{self._stream}", request)
+
+    async def _from_leader(self, request: dict[str, Any]) -> StreamMessage | None:
+        """A message get answered by the stream leader: with replicas, a direct get may come from a
+        follower that has not applied the newest messages yet, and heads must never go backwards."""
+        try:
+            reply = await self._api(f"STREAM.MSG.GET.{self._stream}", json.dumps(request).encode())
+        except nats.errors.NoRespondersError:
+            return None
+        error = reply.get("error")
+        if error is not None:
+            if error.get("code") == 404:
+                return None
+            raise DurableStreamUnavailableError(f"JetStream message get failed: {error.get('description')}")
+        message = reply["message"]
+        raw = base64.b64decode(message.get("hdrs") or b"")
+        headers = _Client._parse_header_lines(raw.partition(b"\r\n")[2])
+        headers["Nats-Sequence"] = str(message["seq"])
+        headers["Nats-Subject"] = message.get("subject", "")
+        return _parse(Msg(_client=None, data=base64.b64decode(message.get("data") or b""), headers=headers))  # type: ignore[arg-type]
 
     async def _direct(self, subject: str, payload: bytes) -> StreamMessage | None:
         try:
@@ -406,6 +436,11 @@ class JetStream:
                 return 0
             raise DurableStreamUnavailableError(f"JetStream purge failed: {error.get('description')}")
         return int(reply.get("purged", 0))
+
+    async def stream_leader(self) -> str:
+        """The server name of the stream's leader (``""`` for a stream without a cluster)."""
+        reply = await self._api(f"STREAM.INFO.{self._stream}", b"")
+        return str(reply.get("cluster", {}).get("leader", ""))
 
     async def consumer_count(self) -> int:
         reply = await self._api(f"STREAM.INFO.{self._stream}", b"")

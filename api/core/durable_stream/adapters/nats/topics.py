@@ -35,8 +35,9 @@ __all__ = ["TopicStore", "subject_token"]
 _MAX_ATTEMPTS = 1000
 #: Topics whose last acknowledged position one backend object remembers.
 _TAIL_CACHE = 4096
-#: Re-reads of one batch whose records and head disagree (a topic re-created meanwhile).
-_READ_ATTEMPTS = 3
+#: Re-reads of one batch whose records and head disagree (a topic re-created meanwhile, a follower
+#: behind the leader).
+_READ_ATTEMPTS = 25
 
 
 def subject_token(topic: str) -> str:
@@ -213,8 +214,12 @@ class TopicStore:
                 head = TopicHead(last.epoch, records[0].ordinal, last.ordinal, sealed, str(last.seq))
                 return Batch(head=head, records=records)
             exact = await self._exact_head(subject, last)
-            if exact is not None:
+            if exact is not None and (exact.first > after.ordinal + 1 or not self._js.replicated):
                 return Batch(head=exact, records=())
+            if exact is not None:
+                # With replicas a follower that has not applied the newest messages yet may have
+                # answered the batch (the head comes from the leader): ask again shortly.
+                await asyncio.sleep(0.02)
         raise DurableStreamUnavailableError(f"topic {topic!r} kept changing while it was read")
 
     async def _cached(
