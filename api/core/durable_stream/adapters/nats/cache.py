@@ -65,6 +65,11 @@ class ReadCache:
             _, evicted = self._chains.popitem(last=False)
             self._size -= len(evicted.messages)
 
+    def follows(self, subject: str, previous: int) -> bool:
+        """Whether the successor of the message ``previous`` of ``subject`` is cached."""
+        chain = self._chains.get(subject)
+        return chain is not None and chain.successor.get(previous) in chain.messages
+
     def follow(self, subject: str, start: int | None, after: int | None, last: int, limit: int) -> list[StreamMessage]:
         """Cached messages from ``start`` (or from the successor of ``after``) up to ``last``, at most ``limit``."""
         chain = self._chains.get(subject)

@@ -157,7 +157,8 @@ class NatsChangeFeed:
                         changed.append(topic)  # its readers will report it, or find the server back
                         continue
                     seq = 0 if result is None else result.seq
-                    if self._seen.get(topic) != seq:
-                        self._seen[topic] = seq
+                    seen = self._seen.get(topic)
+                    self._seen[topic] = seq
+                    if seen is not None and seen != seq:  # (the first sighting: watch() woke it)
                         changed.append(topic)
                 self._deliver(changed)

@@ -53,6 +53,8 @@ KIND_TRIMMED = "m"
 KIND_SEALED = "s"
 _KINDS = frozenset({KIND_RECORD, KIND_CREATED, KIND_TRIMMED, KIND_SEALED})
 _WRONG_LAST_SEQUENCE = 10071
+#: The status a batch read in flight is ended with when the connection drops.
+_DISCONNECTED = "disconnected"
 _STREAM_NOT_FOUND = 10059
 
 
@@ -220,10 +222,12 @@ class JetStream:
         return ",".join(server.rpartition("@")[2] for server in self._settings.servers)
 
     async def _disconnected(self) -> None:
+        if self.nc is None:
+            return  # closed by close(): nothing was lost
         for task in list(self._inflight):
             task.cancel()
         for queue in self._batches.values():
-            queue.put_nowait(Msg(_client=None, data=b"", headers={"Status": "503"}))  # type: ignore[arg-type]
+            queue.put_nowait(Msg(_client=None, data=b"", headers={"Status": _DISCONNECTED}))  # type: ignore[arg-type]
         self._on_connection_change(False)
 
     async def _reconnected(self) -> None:
@@ -248,6 +252,11 @@ class JetStream:
         return nc
 
     async def close(self) -> None:
+        # Let the operations in flight finish first (a subscription's read racing the backend's
+        # close); closing the connection under them would fail them with an outage.
+        inflight = [task for task in self._inflight if task is not asyncio.current_task()]
+        if inflight:
+            await asyncio.wait(inflight, timeout=1.0)
         nc, self.nc = self.nc, None
         if nc is not None:
             with contextlib.suppress(Exception):
@@ -406,10 +415,10 @@ class JetStream:
                         if len(found) >= limit:
                             return found
                         continue
-                    if status in ("204", "404"):  # end of batch / nothing (more) to read
+                    if status in ("204", "404", "503"):  # end of batch / nothing (more) / no stream at all
                         return found
-                    if status == "503":
-                        raise DurableStreamUnavailableError("no JetStream responder (disconnected, or no stream)")
+                    if status == _DISCONNECTED:
+                        raise DurableStreamUnavailableError("the connection to NATS was lost during a read")
                     raise DurableStreamUnavailableError(f"JetStream batch get failed: {status} {msg.headers}")
         finally:
             self._batches.pop(token, None)

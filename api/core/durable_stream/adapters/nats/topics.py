@@ -193,8 +193,20 @@ class TopicStore:
                 previous = int(after.native)
             except ValueError:
                 previous = None  # not a sequence: read from the first message and skip by ordinal
-        for _ in range(_READ_ATTEMPTS):
-            last = await self._js.last(subject)
+        js = self._js
+        for attempt in range(_READ_ATTEMPTS):
+            # The head and what follows are asked for at once (one round trip): the records from the
+            # read cache need the first retained message to be trusted, the others a batch. A batch
+            # served just before the head's newest message was stored is only shorter; an empty one
+            # is read again below.
+            first: StreamMessage | None = None
+            messages: list[StreamMessage] | None = None
+            if previous is None or self._cache.follows(subject, previous):
+                last, first = await asyncio.gather(js.last(subject), js.first(subject))
+            elif attempt == 0:
+                last, messages = await asyncio.gather(js.last(subject), js.batch(subject, previous + 1, limit))
+            else:
+                last = await js.last(subject)
             if last is None:
                 return Batch(head=None, records=())
             sealed = last.kind == KIND_SEALED
@@ -202,9 +214,10 @@ class TopicStore:
                 # At (or past) the tail: nothing to read, and no gap can lie before the tail.
                 head = TopicHead(last.epoch, last.ordinal + 1, last.ordinal, sealed, str(last.seq))
                 return Batch(head=head, records=())
-            records = await self._cached(subject, previous, after.ordinal, last, limit)
+            records = None if first is None else self._cached(subject, previous, after.ordinal, first, last, limit)
             if records is None:
-                messages = await self._js.batch(subject, 1 if previous is None else previous + 1, limit)
+                if messages is None:
+                    messages = await js.batch(subject, 1 if previous is None else previous + 1, limit)
                 messages = [message for message in messages if message.seq <= last.seq]
                 if any(message.epoch != last.epoch for message in messages):
                     continue  # the topic was deleted and re-created between the two reads
@@ -214,30 +227,25 @@ class TopicStore:
                 head = TopicHead(last.epoch, records[0].ordinal, last.ordinal, sealed, str(last.seq))
                 return Batch(head=head, records=records)
             exact = await self._exact_head(subject, last)
-            if exact is not None and (exact.first > after.ordinal + 1 or not self._js.replicated):
-                return Batch(head=exact, records=())
-            if exact is not None:
-                # With replicas a follower that has not applied the newest messages yet may have
-                # answered the batch (the head comes from the leader): ask again shortly.
+            if exact is None:
+                continue
+            if exact.first > after.ordinal + 1:
+                return Batch(head=exact, records=())  # removed by retention: the reader reports the gap
+            if js.replicated:
+                # A follower that has not applied the newest messages yet may have answered the
+                # batch (the head comes from the leader): ask again shortly.
                 await asyncio.sleep(0.02)
         raise DurableStreamUnavailableError(f"topic {topic!r} kept changing while it was read")
 
-    async def _cached(
-        self, subject: str, previous: int | None, after: int, last: StreamMessage, limit: int
+    def _cached(
+        self, subject: str, previous: int | None, after: int, first: StreamMessage, last: StreamMessage, limit: int
     ) -> list[StoredRecord] | None:
-        """The records after the position from the read cache, once the server confirmed they are retained."""
+        """The records after the position from the read cache, if the server's first and last messages
+        confirm they are still retained (removals are prefixes) and of this incarnation."""
         if previous is None:
-            first = await self._js.first(subject)
-            if first is None:
-                return None
             messages = self._cache.follow(subject, first.seq, None, last.seq, limit)
         else:
             messages = self._cache.follow(subject, None, previous, last.seq, limit)
-            if not messages:
-                return None
-            first = await self._js.first(subject)
-            if first is None:
-                return None
         if not messages or first.seq > messages[0].seq or first.epoch != last.epoch:
             return None
         if any(message.epoch != last.epoch for message in messages):
