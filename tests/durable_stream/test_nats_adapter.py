@@ -7,8 +7,10 @@ subscriptions, and a backend used across ``fork()``.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -205,3 +207,54 @@ def test_records_read_before_another_backend_trimmed_them_are_not_served_again(o
     expect_cursor_unavailable(topic, cursors[6])
     with topic.subscribe_from_beginning() as fresh:
         assert [r.payload for r in drain(fresh, 1)] == [b"new"]
+
+
+@pytest.mark.skipif(not hooks.gevent_active(), reason="gevent monkey-patching only")
+def test_waiting_and_calling_never_block_the_gevent_hub(open_nats: Any) -> None:
+    """NATS calls run on the loop thread: greenlets waiting in receive() or append() let others run."""
+    import gevent
+
+    backend = open_nats()
+    topics = [backend.topic(f"hub-{index}") for index in range(10)]
+    gaps: list[float] = []
+    stop = False
+
+    def tick() -> None:
+        last = time.monotonic()
+        while not stop:
+            gevent.sleep(0.005)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    def read(index: int) -> list[bytes]:
+        with topics[index].subscribe_from_tail() as subscription:
+            return [r.payload for r in drain(subscription, 20, timeout=30)]
+
+    ticker = gevent.spawn(tick)
+    readers = [gevent.spawn(read, index) for index in range(10) for _ in range(5)]
+    gevent.sleep(0.3)
+    for number in range(20):
+        for topic in topics:
+            topic.append(str(number).encode())
+    gevent.joinall(readers, timeout=60, raise_error=True)
+    stop = True
+    ticker.join()
+    assert all(reader.value == [str(n).encode() for n in range(20)] for reader in readers)
+    assert max(gaps) < 0.1, f"the hub was blocked for {max(gaps) * 1000:.0f} ms"
+
+
+def test_the_shared_old_server_is_refused() -> None:
+    """The shared 127.0.0.1:4222 server (2.9) is refused at connect(), before any stream is touched."""
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", 4222), timeout=0.5) as probe:
+            info = probe.recv(4096)
+    except OSError:
+        pytest.skip("no server on 127.0.0.1:4222")
+    version = json.loads(info.partition(b" ")[2]).get("version", "0.0.0")
+    if tuple(int(part) for part in version.split("-")[0].split(".")[:2]) >= (2, 11):
+        pytest.skip(f"the shared server is {version}, not older than the minimum")
+    with pytest.raises(DurableStreamUnavailableError, match="too old"):
+        connect("nats://127.0.0.1:4222", stream="NEVER_CREATED", subject_prefix="never.created")
