@@ -158,32 +158,41 @@ def test_thousands_of_subscriptions_leave_no_jetstream_consumer(open_nats: Any) 
 
 @pytest.mark.skipif(not hasattr(os, "fork") or hooks.gevent_active(), reason="fork in plain threads only")
 def test_a_backend_created_before_fork_works_in_the_child(open_nats: Any) -> None:
+    """A Celery prefork child: its own loop thread and connection, wake-ups from other processes included."""
     backend = open_nats()
     topic = backend.topic("forked")
     topic.append(b"parent")
-    with topic.subscribe_from_beginning() as subscription:
+    with topic.subscribe_from_beginning() as subscription:  # the parent's change feed is running
         assert [r.payload for r in drain(subscription, 1)] == [b"parent"]
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: a fresh loop thread and connection, nothing of the parent's
-        code = 1
-        try:
-            topic.append(b"child")
-            with topic.subscribe_from_beginning() as child_subscription:
-                got = [r.payload for r in drain(child_subscription, 2, timeout=10)]
-            code = 0 if got == [b"parent", b"child"] else 2
-            backend.close()
-        finally:
-            os.write(write, bytes([code]))
-            os._exit(code)
-    os.close(write)
-    status = os.read(read, 1)
-    os.close(read)
-    os.waitpid(pid, 0)
-    assert status == b"\x00"
+        to_parent, from_child = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                topic.append(b"child")
+                with topic.subscribe_from_beginning() as child_subscription:
+                    got = [r.payload for r in drain(child_subscription, 2, timeout=10)]
+                    os.write(from_child, b"r")  # waiting for the parent's next append now
+                    started = time.monotonic()
+                    live = [r.payload for r in drain(child_subscription, 1, timeout=10)]
+                    woken = time.monotonic() - started < 5  # a wake-up, not the 15 s re-read
+                code = 0 if got == [b"parent", b"child"] and live == [b"from parent"] and woken else 2
+                backend.close()
+            finally:
+                os.write(from_child, bytes([code]))
+                os._exit(code)
+        assert os.read(to_parent, 1) == b"r"
+        time.sleep(0.2)
+        topic.append(b"from parent")
+        status = os.read(to_parent, 1)
+        os.close(to_parent)
+        os.close(from_child)
+        os.waitpid(pid, 0)
+        assert status == b"\x00"
+        assert [r.payload for r in drain(subscription, 2)] == [b"child", b"from parent"]
     topic.append(b"parent again")
     with topic.subscribe_from_beginning() as subscription:
-        assert [r.payload for r in drain(subscription, 3)] == [b"parent", b"child", b"parent again"]
+        assert [r.payload for r in drain(subscription, 4)][-1] == b"parent again"
         assert subscription.receive(timeout=0) is None
     assert subscription.receive(timeout=0) is CLOSED
 

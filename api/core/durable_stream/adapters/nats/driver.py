@@ -87,7 +87,8 @@ class NatsDriver:
     def _forked(self) -> None:
         # In the child: the parent's loop thread does not exist here and its lock may be held.
         self._lock = threading.Lock()
-        self._feed = None
+        if self._feed is not None:
+            self._feed.forked()
 
     def _connection(self) -> _Connection:
         if self._pid != os.getpid():
@@ -156,10 +157,14 @@ class NatsDriver:
 
     def open_change_feed(self, notify: Callable[[str], None]) -> ChangeFeed | None:
         conn = self._connection()
+
+        def connection() -> tuple[LoopThread, JetStream]:
+            current = self._connection()
+            return current.loop, current.js
+
         feed = NatsChangeFeed(
             notify=notify,
-            loop=conn.loop,
-            js=conn.js,
+            connection=connection,
             subject_of=conn.topics.subject,
             poll_interval=self._settings.poll_interval,
         )

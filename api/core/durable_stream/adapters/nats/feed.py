@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -37,14 +38,14 @@ class NatsChangeFeed:
         self,
         *,
         notify: Callable[[str], None],
-        loop: LoopThread,
-        js: JetStream,
+        connection: Callable[[], tuple[LoopThread, JetStream]],
         subject_of: Callable[[str], str],
         poll_interval: float,
     ) -> None:
         self._notify = notify
-        self._loop = loop
-        self._js = js
+        self._connection = connection
+        self._loop, self._js = connection()
+        self._pid = os.getpid()
         self._subject_of = subject_of
         self._poll_interval = poll_interval
         self._lock = raw_lock()
@@ -59,7 +60,7 @@ class NatsChangeFeed:
             from gevent import get_hub
 
             self._hub = get_hub()
-        loop.submit(self._check_periodically)
+        self._loop.submit(self._check_periodically)
 
     def _deliver(self, topics: list[str]) -> None:
         """Wake ``topics`` (called on the loop thread)."""
@@ -79,6 +80,7 @@ class NatsChangeFeed:
     # -- ChangeFeed ---------------------------------------------------------------------------
 
     def watch(self, topic: str) -> None:
+        self._rebind_after_fork()
         with self._lock:
             if self._closed:
                 return
@@ -86,11 +88,29 @@ class NatsChangeFeed:
         self._loop.submit(self._sync)
 
     def unwatch(self, topic: str) -> None:
+        self._rebind_after_fork()
         with self._lock:
             self._watched.discard(topic)
         self._loop.submit(self._sync)
 
+    def forked(self) -> None:
+        """In a forked child (at fork time): the parent's lock may be held, its loop thread is gone."""
+        self._lock = raw_lock()
+
+    def _rebind_after_fork(self) -> None:
+        if self._pid == os.getpid():
+            return
+        # The child's own loop thread and connection (the driver opens them on first use): the
+        # parent's subscriptions and checks do not exist here.
+        self._loop, self._js = self._connection()
+        self._pid = os.getpid()
+        self._subs, self._seen, self._sync_lock = {}, {}, None
+        self._loop.submit(self._check_periodically)
+        self._loop.submit(self._sync)  # the watched topics, inherited with the notifier's registrations
+
     def wait(self, wake: Wake, timeout: float) -> None:
+        # A subscription inherited from the parent may be the first to wait in a forked child.
+        self._rebind_after_fork()
         wake.wait(timeout)
 
     def close(self) -> None:
