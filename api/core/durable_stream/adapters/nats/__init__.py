@@ -105,7 +105,21 @@ same way. Within a backend object, appends to one topic are serialised by an asy
 remember the last acknowledged sequence: an uncontended append is one round trip.
 
 After ``fork()`` (a Celery prefork child) the child does not use anything of the parent's: its first
-call starts a new loop thread and connection (the parent's are abandoned in the child, not closed).
+call starts a new loop thread and connection (the parent's are abandoned in the child, not closed),
+and the change feed, inherited with the notifier's registrations, moves to them on its first watch or
+wait there and re-subscribes the watched topics (tested in plain threads; under gevent create the
+backend after forking).
+
+Benchmarks
+----------
+
+``python -m bench.nats`` (a private 2.15.1 server, one process, 200-byte payloads; the machine was
+shared and loaded, so ratios matter more than rates): ``append()`` 0.5-0.8x a raw loop of
+``js.publish()`` with the same compare-and-set headers (the hand-over to the loop thread and back
+costs about as much as the round trip); append → ``receive()`` p50 1.7-1.8 ms vs 0.6 ms for a raw
+ordered push consumer (a notified read is a round trip after the append's, where the server pushes
+to a consumer as it stores); catch-up of 20,000 records 1.05-1.65x a raw pull consumer fetching 500
+at a time.
 
 Faults (each has a test in ``tests/durable_stream/test_nats_faults.py``)
 ------------------------------------------------------------------------
