@@ -21,13 +21,13 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
-# docs/adapters/{memory,sqlite,redis,postgres}.md from the adapters' docstrings (their capability
+# docs/adapters/{memory,sqlite,redis,postgres,nats}.md from the adapters' docstrings (their capability
 # cards); tests/test_docs.py fails when a page is stale.
 docs: install
 	$(BIN)/python -m tools.gen_adapter_docs
 
-# The whole suite in plain threads, then the durable-stream and broadcast contracts and the Redis
-# adapter's own tests (its shared reader differs between threads and gevent) again under gevent.
+# The whole suite in plain threads, then the durable-stream and broadcast contracts and the Redis and
+# NATS adapters' own tests (their shared readers differ between threads and gevent) again under gevent.
 test: lint test-threads test-gevent
 
 test-threads: install
@@ -35,7 +35,8 @@ test-threads: install
 
 test-gevent: install
 	EXPECT_GEVENT=1 $(BIN)/python -m gevent.monkey --module pytest -p no:cacheprovider \
-		tests/durable_stream/test_contract_*.py tests/durable_stream/test_redis_adapter.py tests/broadcast_channel
+		tests/durable_stream/test_contract_*.py tests/durable_stream/test_redis_adapter.py \
+		tests/durable_stream/test_nats_adapter.py tests/durable_stream/test_nats_faults.py tests/broadcast_channel
 
 bench: install
 	$(BIN)/python -m bench.redis

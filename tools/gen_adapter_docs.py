@@ -21,7 +21,7 @@ import textwrap
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ADAPTERS_DIR = ROOT / "api" / "core" / "durable_stream" / "adapters"
 DOCS_DIR = ROOT / "docs" / "adapters"
-ADAPTERS = ("memory", "sqlite", "redis", "postgres")
+ADAPTERS = ("memory", "sqlite", "redis", "postgres", "nats")
 
 _ROLE = re.compile(r":(?:mod|class|func|meth|data|attr|exc):`~?\.*([^`]+)`")
 _LITERAL = re.compile(r"``([^`]+)``")

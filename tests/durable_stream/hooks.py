@@ -230,3 +230,30 @@ def cursor_codec(backend: DurableStreamBackend, topic: str) -> Any:
 def redis_client_name(backend: DurableStreamBackend) -> str:
     """The prefix of the Redis ``CLIENT SETNAME`` of the backend's connections."""
     return str(redis_driver(backend)._name)
+
+
+# -- NATS ---------------------------------------------------------------------------------------
+
+
+def nats_consumer_count(backend: DurableStreamBackend) -> int:
+    """JetStream consumers on the backend's stream (server-side state)."""
+    return int(driver(backend).consumer_count())
+
+
+def nats_subject(backend: DurableStreamBackend, topic: str) -> str:
+    """The JetStream subject of ``topic``."""
+    from api.core.durable_stream.adapters.nats.topics import subject_token
+
+    return f"{driver(backend)._settings.subject_prefix}.{subject_token(topic)}"
+
+
+def nats_minimum_version(monkeypatch: Any, version: tuple[int, int, int]) -> None:
+    """Make the adapter demand ``version`` of the server (to see an old server refused)."""
+    from api.core.durable_stream.adapters.nats import jetstream
+
+    monkeypatch.setattr(jetstream, "MIN_SERVER_VERSION", version)
+
+
+def nats_stream_leader(backend: DurableStreamBackend) -> str:
+    """The ``server_name`` of the node leading the backend's stream (clusters)."""
+    return str(driver(backend).stream_leader())

@@ -16,7 +16,7 @@ beginning, from the tail, or strictly after a cursor returned with an earlier re
                 ...
 
 The contract lives in :mod:`._contract`; adapters are chosen by URL scheme in :func:`connect` and
-live in :mod:`.adapters` (``memory``, ``sqlite``, ``redis``, ``postgres``), one sub-package each whose
+live in :mod:`.adapters` (``memory``, ``sqlite``, ``redis``, ``postgres``, ``nats``), one sub-package each whose
 docstring is its capability card (rendered to ``docs/adapters/`` by ``make docs``).
 """
 

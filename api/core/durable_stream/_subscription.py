@@ -153,7 +153,12 @@ class Subscription(DurableStreamSubscription):
                 try:
                     self._fill()
                 except BaseException:
+                    # Closed meanwhile (by another thread, or with its backend, whose connection
+                    # may then fail the read in flight): close() wins, as for a blocked receive().
+                    closed_meanwhile = self._closed()
                     self.close()
+                    if closed_meanwhile:
+                        return CLOSED
                     raise
                 if self._batch or self._sealed_at is not None:
                     continue
@@ -162,6 +167,10 @@ class Subscription(DurableStreamSubscription):
             if remaining <= 0:
                 return None
             notifier.wait(self._wake, min(remaining, reread_interval))
+
+    def _closed(self) -> bool:
+        # A method, not an inline check: the state changes under the caller's feet (another thread).
+        return self._state is _State.CLOSED
 
     def _take(self) -> StoredRecord | None:
         """The next buffered record, or ``None``; the batch is let go with its last record."""

@@ -7,6 +7,6 @@ Each sub-package's docstring is its capability card; ``make docs`` renders them 
 """
 
 #: The adapter sub-packages, in the order their cards are listed.
-ADAPTERS = ("memory", "sqlite", "redis", "postgres")
+ADAPTERS = ("memory", "sqlite", "redis", "postgres", "nats")
 
 __all__ = ["ADAPTERS"]

@@ -1,0 +1,295 @@
+"""Topics on one JetStream stream: dense ordinals, epochs, seal and trims (loop-side, asyncio).
+
+Every change of a topic's subject is a compare-and-set publish: the adapter reads the subject's last
+message (its sequence, the ordinal and epoch in its headers) and publishes the next message with
+``Nats-Expected-Last-Subject-Sequence`` set to that sequence, so two writers (threads, processes,
+hosts) can never both append ordinal ``n``: the loser re-reads and retries. Within one backend object
+appends to one topic are serialised by an asyncio lock and remember the last acknowledged sequence,
+so an uncontended append is a single round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import secrets
+import weakref
+
+from ..._contract import DurableStreamUnavailableError, TopicSealedError
+from ..._driver import Batch, Position, StoredRecord, TopicHead
+from .cache import ReadCache
+from .jetstream import (
+    KIND_CREATED,
+    KIND_RECORD,
+    KIND_SEALED,
+    KIND_TRIMMED,
+    JetStream,
+    StreamMessage,
+    WrongSequenceError,
+)
+
+__all__ = ["TopicStore", "subject_token"]
+
+#: Compare-and-set attempts of one append before giving up (each lost attempt means another writer won).
+_MAX_ATTEMPTS = 1000
+#: Topics whose last acknowledged position one backend object remembers.
+_TAIL_CACHE = 4096
+#: Re-reads of one batch whose records and head disagree (a topic re-created meanwhile, a follower
+#: behind the leader).
+_READ_ATTEMPTS = 25
+
+
+def subject_token(topic: str) -> str:
+    """The subject token of a topic name: base32 (lower case, unpadded) of its UTF-8 bytes.
+
+    Injective, and only ``a-z2-7``: any name maps to one valid token, never to a wildcard or a
+    separator.
+    """
+    return base64.b32encode(topic.encode("utf-8", "surrogatepass")).decode("ascii").rstrip("=").lower()
+
+
+def _new_epoch() -> str:
+    return secrets.token_hex(8)
+
+
+def _records(messages: list[StreamMessage], after: int) -> list[StoredRecord]:
+    return [
+        StoredRecord(message.ordinal, str(message.seq), message.payload)
+        for message in messages
+        if message.is_record and message.ordinal > after
+    ]
+
+
+def _headers(ordinal: int, epoch: str, kind: str = KIND_RECORD) -> dict[str, str]:
+    headers = {"Ds-O": str(ordinal), "Ds-E": epoch}
+    if kind != KIND_RECORD:
+        headers["Ds-K"] = kind
+    return headers
+
+
+class TopicStore:
+    """Topic operations of one backend object, run on its event loop."""
+
+    def __init__(self, js: JetStream, subject_prefix: str) -> None:
+        self._js = js
+        self._prefix = subject_prefix
+        self._tails: collections.OrderedDict[str, StreamMessage] = collections.OrderedDict()
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._cache = ReadCache()
+
+    def subject(self, topic: str) -> str:
+        return f"{self._prefix}.{subject_token(topic)}"
+
+    def forget(self) -> None:
+        """Drop every remembered tail and read (after a reconnect: the server may have lost them)."""
+        self._tails.clear()
+        self._cache.clear()
+
+    def _lock(self, subject: str) -> asyncio.Lock:
+        lock = self._locks.get(subject)
+        if lock is None:
+            lock = self._locks[subject] = asyncio.Lock()
+        return lock
+
+    def _remember(self, subject: str, message: StreamMessage) -> None:
+        self._tails[subject] = message
+        self._tails.move_to_end(subject)
+        while len(self._tails) > _TAIL_CACHE:
+            self._tails.popitem(last=False)
+
+    async def _tail(self, subject: str) -> StreamMessage | None:
+        cached = self._tails.get(subject)
+        if cached is not None:
+            return cached
+        last = await self._js.last(subject)
+        if last is not None:
+            self._remember(subject, last)
+        return last
+
+    async def _publish_next(self, subject: str, payload: bytes, kind: str, tail: StreamMessage | None) -> StreamMessage:
+        """Publish after ``tail`` (``None``: as the subject's first message, in a new epoch)."""
+        if tail is None:
+            epoch, expected = _new_epoch(), 0
+            ordinal = 1 if kind == KIND_RECORD else 0
+        else:
+            epoch, expected = tail.epoch, tail.seq
+            ordinal = tail.ordinal + 1 if kind == KIND_RECORD else tail.ordinal
+        try:
+            seq = await self._js.publish(subject, payload, _headers(ordinal, epoch, kind), expected)
+        except WrongSequenceError:
+            self._tails.pop(subject, None)
+            raise
+        message = StreamMessage(seq, ordinal, epoch, kind, b"")
+        self._remember(subject, message)
+        return message
+
+    # -- driver operations --------------------------------------------------------------------
+
+    async def append(self, topic: str, payload: bytes) -> None:
+        subject = self.subject(topic)
+        async with self._lock(subject):
+            for _ in range(_MAX_ATTEMPTS):
+                tail = await self._tail(subject)
+                if tail is not None and tail.kind == KIND_SEALED:
+                    raise TopicSealedError(f"topic {topic!r} is sealed")
+                try:
+                    await self._publish_next(subject, payload, KIND_RECORD, tail)
+                except WrongSequenceError:
+                    continue
+                return
+        raise DurableStreamUnavailableError(f"append to {topic!r} lost {_MAX_ATTEMPTS} races with other writers")
+
+    async def seal(self, topic: str) -> None:
+        subject = self.subject(topic)
+        async with self._lock(subject):
+            for _ in range(_MAX_ATTEMPTS):
+                tail = await self._tail(subject)
+                if tail is not None and tail.kind == KIND_SEALED:
+                    return
+                try:
+                    await self._publish_next(subject, b"", KIND_SEALED, tail)
+                except WrongSequenceError:
+                    continue
+                return
+        raise DurableStreamUnavailableError(f"seal of {topic!r} lost {_MAX_ATTEMPTS} races with other writers")
+
+    async def head(self, topic: str, *, create: bool) -> TopicHead | None:
+        subject = self.subject(topic)
+        for _ in range(_MAX_ATTEMPTS):
+            last = await self._js.last(subject)
+            if last is None:
+                if not create:
+                    return None
+                async with self._lock(subject):
+                    try:
+                        last = await self._publish_next(subject, b"", KIND_CREATED, None)
+                    except WrongSequenceError:
+                        continue  # another writer created it first
+            head = await self._exact_head(subject, last)
+            if head is not None:
+                return head
+        raise DurableStreamUnavailableError(f"the head of {topic!r} kept changing")
+
+    async def _exact_head(self, subject: str, last: StreamMessage) -> TopicHead | None:
+        """The head with ``last`` and the first retained message, or ``None`` if they disagree (retry)."""
+        first = await self._js.first(subject)
+        if first is None or first.seq > last.seq or first.epoch != last.epoch:
+            return None
+        first_ordinal = first.ordinal if first.is_record else first.ordinal + 1
+        return TopicHead(
+            epoch=last.epoch,
+            first=first_ordinal,
+            last=last.ordinal,
+            sealed=last.kind == KIND_SEALED,
+            last_native=str(last.seq),
+        )
+
+    async def read(self, topic: str, after: Position, limit: int) -> Batch:
+        subject = self.subject(topic)
+        previous: int | None = None
+        if after.native:
+            try:
+                previous = int(after.native)
+            except ValueError:
+                previous = None  # not a sequence: read from the first message and skip by ordinal
+        js = self._js
+        for attempt in range(_READ_ATTEMPTS):
+            # The head and what follows are asked for at once (one round trip): the records from the
+            # read cache need the first retained message to be trusted, the others a batch. A batch
+            # served just before the head's newest message was stored is only shorter; an empty one
+            # is read again below.
+            first: StreamMessage | None = None
+            messages: list[StreamMessage] | None = None
+            if previous is None or self._cache.follows(subject, previous):
+                last, first = await asyncio.gather(js.last(subject), js.first(subject))
+            elif attempt == 0:
+                last, messages = await asyncio.gather(js.last(subject), js.batch(subject, previous + 1, limit))
+            else:
+                last = await js.last(subject)
+            if last is None:
+                return Batch(head=None, records=())
+            sealed = last.kind == KIND_SEALED
+            if last.ordinal <= after.ordinal:
+                # At (or past) the tail: nothing to read, and no gap can lie before the tail.
+                head = TopicHead(last.epoch, last.ordinal + 1, last.ordinal, sealed, str(last.seq))
+                return Batch(head=head, records=())
+            records = None if first is None else self._cached(subject, previous, after.ordinal, first, last, limit)
+            if records is None:
+                if messages is None:
+                    messages = await js.batch(subject, 1 if previous is None else previous + 1, limit)
+                messages = [message for message in messages if message.seq <= last.seq]
+                if any(message.epoch != last.epoch for message in messages):
+                    continue  # the topic was deleted and re-created between the two reads
+                self._cache.store(subject, previous, messages)
+                records = _records(messages, after.ordinal)
+            if records:
+                head = TopicHead(last.epoch, records[0].ordinal, last.ordinal, sealed, str(last.seq))
+                return Batch(head=head, records=records)
+            exact = await self._exact_head(subject, last)
+            if exact is None:
+                continue
+            if exact.first > after.ordinal + 1:
+                return Batch(head=exact, records=())  # removed by retention: the reader reports the gap
+            if js.replicated:
+                # A follower that has not applied the newest messages yet may have answered the
+                # batch (the head comes from the leader): ask again shortly.
+                await asyncio.sleep(0.02)
+        raise DurableStreamUnavailableError(f"topic {topic!r} kept changing while it was read")
+
+    def _cached(
+        self, subject: str, previous: int | None, after: int, first: StreamMessage, last: StreamMessage, limit: int
+    ) -> list[StoredRecord] | None:
+        """The records after the position from the read cache, if the server's first and last messages
+        confirm they are still retained (removals are prefixes) and of this incarnation."""
+        if previous is None:
+            messages = self._cache.follow(subject, first.seq, None, last.seq, limit)
+        else:
+            messages = self._cache.follow(subject, None, previous, last.seq, limit)
+        if not messages or first.seq > messages[0].seq or first.epoch != last.epoch:
+            return None
+        if any(message.epoch != last.epoch for message in messages):
+            self._cache.drop(subject)
+            return None
+        records = _records(messages, after)
+        return records or None
+
+    async def trim(self, topic: str, keep_last: int) -> int:
+        subject = self.subject(topic)
+        async with self._lock(subject):
+            for _ in range(_MAX_ATTEMPTS):
+                last = await self._js.last(subject)
+                if last is None:
+                    return 0
+                head = await self._exact_head(subject, last)
+                if head is None:
+                    continue
+                retained = head.last - head.first + 1
+                if retained <= keep_last:
+                    return 0
+                if keep_last == 0:
+                    if last.is_record:
+                        # A marker keeps the last ordinal and the epoch once every record is gone.
+                        try:
+                            last = await self._publish_next(subject, b"", KIND_TRIMMED, last)
+                        except WrongSequenceError:
+                            continue
+                    await self._js.purge(subject, keep=1)
+                else:
+                    await self._js.purge(subject, keep=keep_last + (0 if last.is_record else 1))
+                return retained - keep_last
+        raise DurableStreamUnavailableError(f"trim of {topic!r} lost {_MAX_ATTEMPTS} races with other writers")
+
+    async def delete(self, topic: str) -> bool:
+        subject = self.subject(topic)
+        async with self._lock(subject):
+            self._tails.pop(subject, None)
+            self._cache.drop(subject)
+            return await self._js.purge(subject) > 0
+
+    async def info(self, topic: str) -> tuple[int, int, int, bool, str] | None:
+        """``(length, first, last, sealed, epoch)`` of the topic, or ``None`` if it does not exist."""
+        head = await self.head(topic, create=False)
+        if head is None:
+            return None
+        return head.last - head.first + 1, head.first, head.last, head.sealed, head.epoch
