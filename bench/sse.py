@@ -97,7 +97,9 @@ def raise_open_files() -> int:
     return hard
 
 
-def stack_env(var_dir: pathlib.Path, redis: RedisServer, mode: str, clients: int) -> dict[str, str]:
+def stack_env(
+    var_dir: pathlib.Path, redis: RedisServer, mode: str, clients: int, extra: dict[str, str] | None = None
+) -> dict[str, str]:
     settings: dict[str, Any] = {
         "DURABLE_STREAM_URL": f"redis://127.0.0.1:{redis.port}/0",
         "REDIS_URL": f"redis://127.0.0.1:{redis.port}/0",
@@ -115,6 +117,7 @@ def stack_env(var_dir: pathlib.Path, redis: RedisServer, mode: str, clients: int
     }
     if mode == "broadcast":
         settings.update(EVENT_BUS_TRANSPORT="broadcast_channel", BROADCAST_CHANNEL_TYPE="pubsub")
+    settings.update(extra or {})
     return base_env(var_dir, **settings)
 
 
@@ -235,13 +238,14 @@ def measure(
     idle_seconds: float = 20.0,
     load_processes: int = 4,
     directory: pathlib.Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One row: a fresh stack, ``clients`` clients over ``runs`` paused runs, idle, then streaming."""
     raise_open_files()
     with contextlib.ExitStack() as stack:
         tmp = directory or pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sse-")))
         redis = stack.enter_context(RedisServer(extra=["--maxclients", str(clients * 2 + 1000)]))
-        env = stack_env(tmp / "var", redis, mode, clients)
+        env = stack_env(tmp / "var", redis, mode, clients, extra_env)
         served = stack.enter_context(
             ServedStack(
                 env,
@@ -400,16 +404,23 @@ def charts(rows: list[dict[str, Any]], directory: pathlib.Path = IMAGES) -> list
 
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for key, label, name in (
-        ("p99_ms", "p99 latency, append → client (ms)", "sse-capacity-p99.png"),
-        ("cpu_us_per_delivery", "API worker CPU per delivered event (µs)", "sse-capacity-cpu.png"),
+    for key, label, name, log_y in (
+        ("p99_ms", "p99 latency, append → client (ms)", "sse-capacity-p99.png", True),
+        ("cpu_us_per_delivery", "API worker CPU per delivered event (µs)", "sse-capacity-cpu.png", False),
     ):
         figure, axes = plt.subplots(figsize=(6, 4))
         for mode in MODES:
-            points = [(row["clients"], row[key]) for row in rows if row["mode"] == mode and "failed" not in row]
+            points = [
+                (row["clients"], row[key])
+                for row in rows
+                if row["mode"] == mode and "failed" not in row and row.get("received")
+            ]
             if points:
                 axes.plot(*zip(*points, strict=True), marker="o", label=mode)
         axes.set_xscale("log")
+        if log_y:
+            axes.set_yscale("log")
+        axes.set_title("rows with errors included; see the table", fontsize=8)
         axes.set_xlabel("SSE clients on one gunicorn gevent worker")
         axes.set_ylabel(label)
         axes.grid(True, which="both", alpha=0.3)
@@ -439,7 +450,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=0.5, help="probe events per second per run (default 0.5)")
     parser.add_argument("--idle", type=float, default=None, help="seconds of the idle measurement (default 20)")
     parser.add_argument("--load-processes", type=int, default=4, help="client processes (default 4)")
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE app setting for the stack (repeatable)")
     parser.add_argument("--no-charts", action="store_true")
+    parser.add_argument("--tag", default="", help="suffix of the results file (sse-<date>-<tag>.json)")
     args = parser.parse_args(argv)
 
     clients = (
@@ -449,6 +462,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     idle = args.idle if args.idle is not None else (5.0 if args.quick else 20.0)
     modes = [mode for mode in args.modes.split(",") if mode]
+    extra_env = dict(item.split("=", 1) for item in args.env)
     hard = raise_open_files()
     info = machine()
     info["open_files_limit"] = hard
@@ -470,6 +484,7 @@ def main(argv: list[str] | None = None) -> None:
                         rate=args.rate,
                         idle_seconds=idle,
                         load_processes=args.load_processes,
+                        extra_env=extra_env,
                     )
                 except Exception as exc:  # one size failing must not lose the others
                     row = {"mode": mode, "clients": count, "failed": f"{type(exc).__name__}: {exc}"[:300]}
@@ -483,6 +498,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": info,
         "command": " ".join(["python -m bench.sse", *(argv if argv is not None else sys.argv[1:])]),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "env": extra_env,
         "options": {
             "runs": args.runs,
             "tokens": args.tokens,
@@ -494,10 +510,11 @@ def main(argv: list[str] | None = None) -> None:
         "seconds": round(timer.get("seconds", 0.0), 1),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"sse-{datetime.date.today().isoformat()}{'-quick' if args.quick else ''}.json"
+    suffix = f"-{args.tag}" if args.tag else ("-quick" if args.quick else "")
+    path = RESULTS / f"sse-{datetime.date.today().isoformat()}{suffix}.json"
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(f"\nresults: {path.relative_to(ROOT)}")
-    if not args.no_charts and not args.quick:
+    if not args.no_charts and not args.quick and not args.tag:
         for chart in charts(rows):
             print(f"chart: {chart.relative_to(ROOT)}")
 
