@@ -16,6 +16,8 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
+#: The Celery app the workers run (a benchmark may pass its own module that wraps it).
+CELERY_APP = "api.celery_entrypoint:celery"
 
 
 def free_port() -> int:
@@ -35,7 +37,9 @@ def process_env(overrides: Mapping[str, str]) -> dict[str, str]:
 class Worker:
     """A real ``celery worker`` process (thread pool) consuming the test's queue."""
 
-    def __init__(self, env: Mapping[str, str], log_path: pathlib.Path, concurrency: int = 4) -> None:
+    def __init__(
+        self, env: Mapping[str, str], log_path: pathlib.Path, concurrency: int = 4, *, app: str = CELERY_APP
+    ) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115  (closed in stop())
         queue = env["CELERY_QUEUE"]
@@ -43,7 +47,7 @@ class Worker:
             [
                 str(BIN / "celery"),
                 "-A",
-                "api.celery_entrypoint:celery",
+                app,
                 "worker",
                 "--pool",
                 "threads",

@@ -21,14 +21,14 @@ import subprocess
 import time
 import types
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 import psutil
 import requests
 from flask import Flask
 
-from harness.processes import BIN, ROOT, Worker, free_port, process_env
+from harness.processes import BIN, CELERY_APP, ROOT, Worker, free_port, process_env
 
 #: gunicorn's access-log line: worker pid, method, path, status.
 ACCESS_LOG_FORMAT = "%(p)s %(m)s %(U)s %(s)s"
@@ -37,9 +37,19 @@ ACCESS_LOG_FORMAT = "%(p)s %(m)s %(U)s %(s)s"
 class GunicornServer:
     """One ``gunicorn -k gevent`` master serving ``api.app:app`` on a free loopback port."""
 
-    def __init__(self, env: Mapping[str, str], directory: pathlib.Path, *, workers: int = 2, name: str = "api") -> None:
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        directory: pathlib.Path,
+        *,
+        workers: int = 2,
+        name: str = "api",
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.env = dict(env)
         self.workers = workers
+        #: More gunicorn options (they win over api/gunicorn_conf.py), e.g. ``--worker-connections``.
+        self.extra_args = list(extra_args)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = directory / f"{name}.log"
@@ -52,6 +62,9 @@ class GunicornServer:
         self.process = subprocess.Popen(
             [
                 str(BIN / "gunicorn"),
+                # As deployed (bin/run, compose): worker connections, gc.freeze() after the app is loaded.
+                "--config",
+                "python:api.gunicorn_conf",
                 "-k",
                 "gevent",
                 "-w",
@@ -66,6 +79,7 @@ class GunicornServer:
                 str(self.access_log),
                 "--access-logformat",
                 ACCESS_LOG_FORMAT,
+                *self.extra_args,
                 "api.app:app",
             ],
             cwd=ROOT,
@@ -186,13 +200,16 @@ class ServedStack:
         workers_per_server: int = 2,
         celery_workers: int = 1,
         celery_concurrency: int = 8,
+        server_args: Sequence[str] = (),
+        celery_app: str = CELERY_APP,
     ) -> None:
         self.env = dict(env)
         self.directory = directory
         self.servers = [
-            GunicornServer(self.env, directory, workers=workers_per_server, name=f"api-{index}")
+            GunicornServer(self.env, directory, workers=workers_per_server, name=f"api-{index}", extra_args=server_args)
             for index in range(servers)
         ]
+        self._celery_app = celery_app
         self.celery: list[Worker] = []
         self._celery_workers = celery_workers
         self._celery_concurrency = celery_concurrency
@@ -236,7 +253,7 @@ class ServedStack:
 
     def start_worker(self, concurrency: int | None = None, *, wait: bool = True) -> Worker:
         log = self.directory / f"worker-{len(self.celery)}.log"
-        worker = Worker(self.env, log, concurrency or self._celery_concurrency)
+        worker = Worker(self.env, log, concurrency or self._celery_concurrency, app=self._celery_app)
         self.celery.append(worker)
         if wait:
             worker.wait_ready()

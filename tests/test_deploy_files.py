@@ -17,3 +17,13 @@ def test_compose_uses_only_known_settings_and_real_entry_points() -> None:
     assert names and set(names) <= set(AppConfig.model_fields), set(names) - set(AppConfig.model_fields)
     assert "api.app:app" in text and "api.celery_entrypoint:celery" in text
     assert (ROOT / "api" / "app.py").exists() and (ROOT / "api" / "celery_entrypoint.py").exists()
+
+
+def test_bin_run_and_compose_use_the_gunicorn_config() -> None:
+    # api/gunicorn_conf.py sets worker_connections from WEB_WORKER_CONNECTIONS and freezes the GC.
+    for path in (ROOT / "bin" / "run", ROOT / "docker" / "docker-compose.yaml"):
+        text = path.read_text()
+        assert "python:api.gunicorn_conf" in text and "WEB_WORKER_CONNECTIONS" in text, path
+    import api.gunicorn_conf as conf
+
+    assert conf.worker_connections >= 10000 and callable(conf.post_worker_init)

@@ -29,6 +29,15 @@ class AppConfig(BaseSettings):
     SQLALCHEMY_DATABASE_URI: str = Field(default="", description="App database; default SQLite in VAR_DIR.")
     DURABLE_STREAM_URL: str = Field(default="", description="Durable-stream backend; default SQLite in VAR_DIR.")
     REDIS_URL: str | None = Field(default=None, description="Redis for the broadcast channel, if used.")
+    REDIS_MAX_CONNECTIONS: int = Field(
+        default=1000,
+        ge=1,
+        description="Connections each process's Redis pool (the broadcast channel's) holds at most; every open "
+        "broadcast event stream keeps one. A stream that finds none free within REDIS_POOL_TIMEOUT is answered 503.",
+    )
+    REDIS_POOL_TIMEOUT: float = Field(
+        default=0.5, ge=0, description="Seconds to wait for a free connection of the Redis pool before giving up."
+    )
 
     CELERY_BROKER_URL: str = Field(default="filesystem://", description="Celery broker.")
     CELERY_QUEUE: str = Field(default="workflow", description="Queue the workflow tasks use.")

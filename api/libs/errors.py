@@ -11,6 +11,8 @@ from typing import Any
 class ServiceError(Exception):
     status = 400
     code = "invalid_param"
+    #: Seconds a client should wait before trying again (sent as ``Retry-After``), if it should.
+    retry_after: int | None = None
 
     def __init__(self, message: str, *, code: str | None = None, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -54,3 +56,11 @@ class RunWaitTimeoutError(ServiceError):
 class ServiceUnavailableError(ServiceError):
     status = 503
     code = "stream_unavailable"
+
+
+class EventStreamBusyError(ServiceUnavailableError):
+    """This API worker holds as many event streams as its Redis pool has connections: try again soon."""
+
+    status = 503
+    code = "event_stream_busy"
+    retry_after = 1

@@ -15,9 +15,13 @@ from api.libs.errors import ServiceError
 logger = logging.getLogger(__name__)
 
 
-def error_response(code: str, message: str, status: int, details: dict[str, Any] | None = None) -> Response:
+def error_response(
+    code: str, message: str, status: int, details: dict[str, Any] | None = None, *, retry_after: int | None = None
+) -> Response:
     response = jsonify({**(details or {}), "code": code, "message": message, "status": status})
     response.status_code = status
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(retry_after)
     return response
 
 
@@ -26,7 +30,7 @@ def http_error_response(error: Exception) -> Response:
         limit = request.max_content_length
         return error_response("request_too_large", f"the request body is larger than {limit} bytes", 413)
     if isinstance(error, ServiceError):
-        return error_response(error.code, error.message, error.status, error.details)
+        return error_response(error.code, error.message, error.status, error.details, retry_after=error.retry_after)
     if isinstance(error, HTTPException):
         status = error.code or 500
         name = (error.name or "error").lower().replace(" ", "_")

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import pathlib
 from collections.abc import Callable
 
 import pytest
+import requests
 
+from harness.app_env import base_env
+from harness.served_stack import ServedStack
 from harness.services import redis_url
 from harness.sse import parse_sse
 from tests.app.conftest import AppHarness
@@ -56,3 +61,57 @@ def test_a_broadcast_reconnect_is_live_only(make_harness: Callable[..., AppHarne
     first.close()
     assert seen[-1]["event"] == "workflow_finished"
     assert "workflow_started" not in [e["event"] for e in seen], "a live-only reconnect does not replay the run"
+
+
+def test_an_exhausted_redis_pool_is_503_busy_and_the_other_clients_go_on(tmp_path: pathlib.Path) -> None:
+    # Every broadcast stream holds one connection of its worker's pool: with two, the third waits
+    # REDIS_POOL_TIMEOUT and is told to come back (503 + Retry-After), never answered 500.
+    env = base_env(
+        tmp_path,
+        EVENT_BUS_TRANSPORT="broadcast_channel",
+        REDIS_URL=redis_url(0),
+        REDIS_MAX_CONNECTIONS=2,
+        REDIS_POOL_TIMEOUT=0.1,
+        SSE_PING_INTERVAL=1,
+    )
+    with ServedStack(env, tmp_path / "stack", servers=1, workers_per_server=1, celery_concurrency=2) as stack:
+        key = stack.create_app(slow_greeting(delay=0.02, tokens=100))
+        auth = {"Authorization": f"Bearer {key}"}
+        url = stack.urls[0]
+        started = requests.post(
+            f"{url}/v1/workflows/run",
+            json={"inputs": {"name": "Di"}, "user": "u1", "response_mode": "async"},
+            headers=auth,
+            timeout=10,
+        )
+        assert started.status_code == 202, started.text
+        events_url = f"{url}/v1/workflow/{started.json()['task_id']}/events?user=u1"
+
+        holders = [requests.get(events_url, headers=auth, stream=True, timeout=30) for _ in range(2)]
+        assert [holder.status_code for holder in holders] == [200, 200]
+
+        busy = requests.get(events_url, headers=auth, timeout=10)
+        assert busy.status_code == 503, busy.text
+        assert busy.json()["code"] == "event_stream_busy" and busy.json()["status"] == 503
+        assert busy.headers["Retry-After"] == "1"
+
+        # The two streams that hold the pool's connections still follow the run to its end ...
+        for holder in holders:
+            seen = [json.loads(line[5:])["event"] for line in holder.iter_lines() if line.startswith(b"data:")]
+            holder.close()
+            assert seen and seen[-1] == "workflow_finished", seen[-3:]
+        # ... and once they have ended, their connections serve the next client (of a live run).
+        second = requests.post(
+            f"{url}/v1/workflows/run",
+            json={"inputs": {"name": "Ed"}, "user": "u1", "response_mode": "async"},
+            headers=auth,
+            timeout=10,
+        )
+        later = requests.get(
+            f"{url}/v1/workflow/{second.json()['task_id']}/events?user=u1", headers=auth, stream=True, timeout=30
+        )
+        assert later.status_code == 200, later.text
+        seen = [json.loads(line[5:])["event"] for line in later.iter_lines() if line.startswith(b"data:")]
+        later.close()
+        assert seen[-1] == "workflow_finished"
+        assert 500 not in stack.statuses()

@@ -29,6 +29,7 @@ from api.core.durable_stream import (
     TopicCursor,
     TopicInfo,
 )
+from api.libs.errors import EventStreamBusyError
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -161,7 +162,15 @@ class _BroadcastSubscription:
         self._subscription = subscription
 
     def __enter__(self) -> Self:
-        self._subscription.__enter__()
+        try:
+            self._subscription.__enter__()
+        except BroadcastChannelUnavailableError as exc:
+            if _pool_exhausted(exc):
+                # Not a failure of the store: this process holds as many streams as its pool allows.
+                raise EventStreamBusyError(
+                    "this API worker serves as many event streams as it has Redis connections; try again shortly"
+                ) from exc
+            raise DurableStreamUnavailableError(f"broadcast channel unavailable: {exc}") from exc
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -178,6 +187,21 @@ class _BroadcastSubscription:
 
     def close(self) -> None:
         self._subscription.close()
+
+
+def _pool_exhausted(error: BaseException) -> bool:
+    """Whether ``error`` was caused by the Redis client's pool having no free connection.
+
+    redis-py's blocking pool raises a plain ``ConnectionError("No connection available.")`` after
+    its timeout, its default pool ``MaxConnectionsError`` at once.
+    """
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import MaxConnectionsError
+
+    cause = error.__cause__
+    if isinstance(cause, MaxConnectionsError):
+        return True
+    return isinstance(cause, RedisConnectionError) and str(cause) == "No connection available."
 
 
 class BroadcastEventTransport:

@@ -1,0 +1,524 @@
+"""SSE capacity of one API worker: N clients following ~40 concurrently streaming runs.
+
+Run with ``.venv/bin/python -m bench.sse`` (``make bench``); ``--quick`` for a small run,
+``--clients 500,1000,…`` for other sizes. For each N, the durable mode and the broadcast mode
+(``EVENT_BUS_TRANSPORT=broadcast_channel``, ``pubsub``) are measured one after the other, each on a
+fresh stack:
+
+- a private ``redis-server`` (durable streams ``DURABLE_STREAM_URL=redis://…``, the broadcast
+  channel's ``REDIS_URL`` and the Celery broker), SQLite app data;
+- real ``gunicorn -k gevent`` with ONE worker (``--worker-connections`` raised so N fit) and one
+  Celery worker (threads) running ``bench.sse_probe``: the real app, whose simulated LLM tokens carry
+  the producer's ``time.time()`` (``pN@<stamp>``);
+- ``--runs`` runs of start → human input (pause) → LLM (``--tokens`` probe tokens, ``--rate`` per
+  second) → end. All runs are started and paused first; then N clients (``bench.sse_load``, several
+  asyncio processes on raw sockets) follow them round-robin via
+  ``GET /v1/workflow/<task_id>/events?continue_on_pause=true``;
+- **idle**: with every client connected to a paused run, the worker's CPU share over ``--idle`` s;
+- **streaming**: every run is resumed at once; clients read until ``workflow_finished``.
+
+Per row: latency (client receive - producer stamp) p50/p99/max, the worker's CPU µs per delivered
+probe event (its CPU time over the streaming phase / deliveries), its RSS growth per connection
+(connected - before), the Redis connections (all of the private server's, and the API worker's
+own), errors (non-200 answers, failed connections, broken or unfinished streams, missing or
+duplicated probe events, 5xx in the access log) and deliveries received/expected, and the load
+processes' own CPU (the busiest one, as a share of one core), to show the clients kept up.
+
+The table is printed; figures go to ``bench/results/sse-<date>.json`` and the charts (p99 and CPU per
+delivery against N) to ``docs/images/sse-capacity-*.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import pathlib
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import requests
+
+from harness.app_env import base_env
+from harness.processes import ROOT, process_env
+from harness.redis_server import RedisServer
+from harness.served_stack import ServedStack
+
+from .soak.report import machine, percentile
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+IMAGES = ROOT / "docs" / "images"
+USER = "bench"
+MODES = ("durable", "broadcast")
+FULL_CLIENTS = (500, 1000, 2000, 5000, 10000)
+QUICK_CLIENTS = (200, 500)
+
+
+def probe_workflow(tokens: int, rate: float) -> dict[str, Any]:
+    """start → human input (the run pauses) → LLM streaming ``tokens`` probe tokens at ``rate``/s → end."""
+    return {
+        "name": f"SSE capacity probe: {tokens} tokens at {rate:g}/s",
+        "mode": "workflow",
+        "graph": {
+            "nodes": [
+                {"id": "start", "type": "start", "variables": [{"name": "name", "required": True}]},
+                {"id": "approve", "type": "human_input", "form": [{"name": "approved", "type": "boolean"}]},
+                {
+                    "id": "llm",
+                    "type": "llm",
+                    "prompt": "Probe {{start.name}}",
+                    "response": " ".join(f"p{index}" for index in range(tokens)),
+                    "token_delay": 1.0 / rate,
+                },
+                {"id": "end", "type": "end", "outputs": {"text": {"variable": "llm.text"}}},
+            ],
+            "edges": [
+                {"source": "start", "target": "approve"},
+                {"source": "approve", "target": "llm"},
+                {"source": "llm", "target": "end"},
+            ],
+        },
+    }
+
+
+def raise_open_files() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def stack_env(
+    var_dir: pathlib.Path, redis: RedisServer, mode: str, clients: int, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    settings: dict[str, Any] = {
+        "DURABLE_STREAM_URL": f"redis://127.0.0.1:{redis.port}/0",
+        "REDIS_URL": f"redis://127.0.0.1:{redis.port}/0",
+        # Every broadcast stream holds a connection of the worker's pool: size it for all of them.
+        "REDIS_MAX_CONNECTIONS": clients + 100,
+        "CELERY_BROKER_URL": f"redis://127.0.0.1:{redis.port}/1",
+        # Production-like timings (the test profile's are short): run checks every 10 s per idle
+        # stream, pings every 10 s, stop flag cached for 1 s.
+        "WORKFLOW_LEASE_TTL": 30,
+        "WORKFLOW_STOP_CHECK_INTERVAL": 1.0,
+        "WORKFLOW_REAPER_INTERVAL": 10,
+        "APP_MAX_EXECUTION_TIME": 900,
+        "SSE_PING_INTERVAL": 10,
+        "SSE_IDLE_TIMEOUT": 600,
+    }
+    if mode == "broadcast":
+        settings.update(EVENT_BUS_TRANSPORT="broadcast_channel", BROADCAST_CHANNEL_TYPE="pubsub")
+    settings.update(extra or {})
+    return base_env(var_dir, **settings)
+
+
+def _post(url: str, path: str, key: str, body: dict[str, Any]) -> requests.Response:
+    return requests.post(f"{url}{path}", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def start_paused_runs(url: str, key: str, runs: int, timeout: float = 120) -> list[tuple[str, str]]:
+    """Start ``runs`` async runs and wait until each is paused; returns (task_id, workflow_run_id)."""
+    started = []
+    for index in range(runs):
+        answer = _post(
+            url, "/v1/workflows/run", key, {"inputs": {"name": f"r{index}"}, "user": USER, "response_mode": "async"}
+        )
+        answer.raise_for_status()
+        started.append((answer.json()["task_id"], answer.json()["workflow_run_id"]))
+    deadline = time.monotonic() + timeout
+    waiting = {run_id for _, run_id in started}
+    while waiting:
+        for run_id in list(waiting):
+            detail = requests.get(
+                f"{url}/v1/workflows/run/{run_id}?user={USER}", headers={"Authorization": f"Bearer {key}"}, timeout=30
+            )
+            if detail.json().get("status") == "paused":
+                waiting.discard(run_id)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(waiting)} runs never paused")
+        time.sleep(0.2)
+    return started
+
+
+def resume_runs(url: str, key: str, runs: list[tuple[str, str]]) -> None:
+    def resume(run_id: str) -> None:
+        answer = _post(
+            url, f"/v1/workflows/runs/{run_id}/human-input", key, {"user": USER, "inputs": {"approved": True}}
+        )
+        answer.raise_for_status()
+
+    threads = [threading.Thread(target=resume, args=(run_id,)) for _, run_id in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def redis_connections(redis: RedisServer, worker_pid: int) -> tuple[int, int]:
+    """(every client of the private server, the API worker's own connections to it)."""
+    total = sum(1 for line in redis.cli("CLIENT", "LIST").splitlines() if line.startswith("id="))
+    own = sum(
+        1
+        for connection in psutil.Process(worker_pid).net_connections(kind="tcp")
+        if connection.raddr and connection.raddr.port == redis.port
+    )
+    return total, own
+
+
+class LoadProcesses:
+    """``processes`` ``bench.sse_load`` children sharing the clients; their CPU is watched."""
+
+    def __init__(self, job: dict[str, Any], task_ids: list[str], processes: int) -> None:
+        self.children: list[subprocess.Popen[str]] = []
+        for index in range(processes):
+            share = task_ids[index::processes]
+            if not share:
+                continue
+            child = subprocess.Popen(
+                [sys.executable, "-m", "bench.sse_load"],
+                cwd=ROOT,
+                env=process_env({}),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert child.stdin is not None
+            child.stdin.write(json.dumps({**job, "task_ids": share}) + "\n")
+            child.stdin.flush()
+            self.children.append(child)
+        self.processes = [psutil.Process(child.pid) for child in self.children]
+
+    def read(self) -> list[dict[str, Any]]:
+        lines = []
+        for child in self.children:
+            assert child.stdout is not None
+            line = child.stdout.readline()
+            lines.append(json.loads(line) if line else {"error": f"load process {child.pid} exited"})
+        return lines
+
+    def cpu(self) -> list[float]:
+        times = []
+        for process in self.processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                cpu = process.cpu_times()
+                times.append(cpu.user + cpu.system)
+        return times
+
+    def close(self) -> None:
+        for child in self.children:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            child.wait(timeout=10)
+            for stream in (child.stdin, child.stdout):
+                if stream is not None:
+                    stream.close()
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def measure(
+    mode: str,
+    clients: int,
+    *,
+    runs: int = 40,
+    tokens: int = 10,
+    rate: float = 0.5,
+    idle_seconds: float = 20.0,
+    load_processes: int = 4,
+    directory: pathlib.Path | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One row: a fresh stack, ``clients`` clients over ``runs`` paused runs, idle, then streaming."""
+    raise_open_files()
+    with contextlib.ExitStack() as stack:
+        tmp = directory or pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sse-")))
+        redis = stack.enter_context(RedisServer(extra=["--maxclients", str(clients * 2 + 1000)]))
+        env = stack_env(tmp / "var", redis, mode, clients, extra_env)
+        served = stack.enter_context(
+            ServedStack(
+                env,
+                tmp / "stack",
+                servers=1,
+                workers_per_server=1,
+                celery_concurrency=runs + 8,
+                server_args=["--worker-connections", str(clients + 1000), "--backlog", "4096"],
+                celery_app="bench.sse_probe:celery",
+            )
+        )
+        server = served.servers[0]
+        url = server.url
+        worker = psutil.Process(server.worker_pids()[0])
+        key = served.create_app(probe_workflow(tokens, rate))
+        started = start_paused_runs(url, key, runs)
+        task_ids = [started[index % runs][0] for index in range(clients)]
+
+        rss_before = worker.memory_info().rss
+        stream_seconds = tokens / rate
+        job = {
+            "host": "127.0.0.1",
+            "port": server.port,
+            "key": key,
+            "user": USER,
+            "tokens": tokens,
+            "connect_concurrency": 64,
+            "deadline_s": 120 + clients / 50 + idle_seconds + stream_seconds * 3,
+        }
+        load = LoadProcesses(job, task_ids, load_processes)
+        stack.callback(load.close)
+        connect_started = time.monotonic()
+        ready = load.read()
+        connect_seconds = time.monotonic() - connect_started
+        connected = sum(part.get("ok", 0) for part in ready)
+
+        # Idle: every client waits on a paused run.
+        time.sleep(1.0)
+        rss_connected = worker.memory_info().rss
+        redis_total, redis_worker = redis_connections(redis, worker.pid)
+        idle_cpu_before, idle_wall_before = _cpu(worker), time.monotonic()
+        time.sleep(idle_seconds)
+        idle_share = (_cpu(worker) - idle_cpu_before) / max(1e-9, time.monotonic() - idle_wall_before)
+
+        # Streaming: resume every run at once.
+        load_cpu_before = load.cpu()
+        cpu_before, wall_before = _cpu(worker), time.monotonic()
+        resume_runs(url, key, started)
+        done = load.read()
+        stream_wall = time.monotonic() - wall_before
+        worker_cpu = _cpu(worker) - cpu_before
+        load_cpu = [after - before for before, after in zip(load_cpu_before, load.cpu(), strict=False)]
+
+        latencies = [tenths / 10 for part in done for tenths in part.get("latencies", [])]
+        received = sum(part.get("received", 0) for part in done)
+        statuses: dict[str, int] = {}
+        for part in done:
+            for status, count in part.get("statuses", {}).items():
+                statuses[status] = statuses.get(status, 0) + count
+        errors = {
+            "http": sum(count for status, count in statuses.items() if status != "200"),
+            "connect": sum(part.get("connect_errors", 0) for part in done),
+            "broken": sum(part.get("broken", 0) for part in done),
+            "unfinished": sum(part.get("unfinished", 0) for part in done),
+            "missing": sum(part.get("missing", 0) for part in done),
+            "duplicated": sum(part.get("duplicated", 0) for part in done),
+            "out_of_order": sum(part.get("out_of_order", 0) for part in done),
+            "server_5xx": sum(count for status, count in served.statuses().items() if status >= 500),
+            "load_process": sum(1 for part in done if "error" in part),
+        }
+        return {
+            "mode": mode,
+            "clients": clients,
+            "runs": runs,
+            "tokens": tokens,
+            "rate_per_run": rate,
+            "connected": connected,
+            "connect_seconds": round(connect_seconds, 1),
+            "statuses": statuses,
+            "p50_ms": round(percentile(latencies, 0.5), 1),
+            "p99_ms": round(percentile(latencies, 0.99), 1),
+            "max_ms": round(max(latencies), 1) if latencies else float("nan"),
+            "cpu_us_per_delivery": round(worker_cpu / received * 1e6, 1) if received else float("nan"),
+            "worker_cpu_share_streaming": round(worker_cpu / stream_wall, 3),
+            "stream_seconds": round(stream_wall, 1),
+            "rss_per_connection_kb": round((rss_connected - rss_before) / 1024 / max(1, connected), 1),
+            "rss_before_mb": round(rss_before / 2**20, 1),
+            "rss_connected_mb": round(rss_connected / 2**20, 1),
+            "redis_connections": redis_total,
+            "redis_connections_worker": redis_worker,
+            "idle_seconds": idle_seconds,
+            "idle_cpu_share": round(idle_share, 3),
+            "errors": errors,
+            "error_count": sum(errors.values()),
+            "received": received,
+            "expected": clients * tokens,
+            "load_processes": len(load_cpu),
+            "load_cpu_share_max": round(max(load_cpu) / stream_wall, 3) if load_cpu else float("nan"),
+            "worker_timeouts": served.worker_timeouts(),
+        }
+
+
+COLUMNS = (
+    ("clients", "clients"),
+    ("mode", "mode"),
+    ("p50 ms", "p50_ms"),
+    ("p99 ms", "p99_ms"),
+    ("max ms", "max_ms"),
+    ("CPU µs/delivery", "cpu_us_per_delivery"),
+    ("worker CPU", "worker_cpu_share_streaming"),
+    ("RSS/conn KB", "rss_per_connection_kb"),
+    ("Redis conns (worker)", "redis"),
+    ("idle CPU", "idle_cpu_share"),
+    ("errors", "error_count"),
+    ("received/expected", "deliveries"),
+    ("load CPU max", "load_cpu_share_max"),
+)
+
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    if "failed" in row:
+        return [str(row["clients"]), row["mode"], f"failed: {row['failed']}"] + [""] * (len(COLUMNS) - 3)
+    values = {
+        **row,
+        "redis": f"{row['redis_connections']} ({row['redis_connections_worker']})",
+        "deliveries": f"{row['received']:,}/{row['expected']:,}",
+        "clients": f"{row['clients']:,}",
+    }
+    for name in ("worker_cpu_share_streaming", "idle_cpu_share", "load_cpu_share_max"):
+        values[name] = f"{row[name]:.0%}"
+    return [str(values[key]) for _, key in COLUMNS]
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(title for title, _ in COLUMNS) + " |", "|" + "|".join("---:" for _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def error_details(rows: list[dict[str, Any]]) -> list[str]:
+    notes = []
+    for row in rows:
+        if "failed" in row:
+            notes.append(f"{row['clients']} {row['mode']}: {row['failed']}")
+        elif row["error_count"]:
+            kinds = ", ".join(f"{name} {count}" for name, count in row["errors"].items() if count)
+            notes.append(f"{row['clients']} {row['mode']}: {kinds} (statuses {row['statuses']})")
+    return notes
+
+
+def charts(rows: list[dict[str, Any]], directory: pathlib.Path = IMAGES) -> list[pathlib.Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, label, name, log_y in (
+        ("p99_ms", "p99 latency, append → client (ms)", "sse-capacity-p99.png", True),
+        ("cpu_us_per_delivery", "API worker CPU per delivered event (µs)", "sse-capacity-cpu.png", False),
+    ):
+        figure, axes = plt.subplots(figsize=(6, 4))
+        for mode in MODES:
+            points = [
+                (row["clients"], row[key])
+                for row in rows
+                if row["mode"] == mode and "failed" not in row and row.get("received")
+            ]
+            if points:
+                axes.plot(*zip(*points, strict=True), marker="o", label=mode)
+        axes.set_xscale("log")
+        if log_y:
+            axes.set_yscale("log")
+        axes.set_title("rows with errors included; see the table", fontsize=8)
+        axes.set_xlabel("SSE clients on one gunicorn gevent worker")
+        axes.set_ylabel(label)
+        axes.grid(True, which="both", alpha=0.3)
+        axes.legend()
+        figure.tight_layout()
+        path = directory / name
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+@contextlib.contextmanager
+def _timer() -> Iterator[dict[str, float]]:
+    box = {"started": time.monotonic()}
+    yield box
+    box["seconds"] = time.monotonic() - box["started"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.sse", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", help="comma-separated N (default 500,1000,2000,5000,10000)")
+    parser.add_argument("--quick", action="store_true", help="a small run: N=200,500, short idle")
+    parser.add_argument("--modes", default=",".join(MODES), help="durable,broadcast")
+    parser.add_argument("--runs", type=int, default=40, help="concurrently streaming runs (default 40)")
+    parser.add_argument("--tokens", type=int, default=10, help="probe events per run (default 10)")
+    parser.add_argument("--rate", type=float, default=0.5, help="probe events per second per run (default 0.5)")
+    parser.add_argument("--idle", type=float, default=None, help="seconds of the idle measurement (default 20)")
+    parser.add_argument("--load-processes", type=int, default=4, help="client processes (default 4)")
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE app setting for the stack (repeatable)")
+    parser.add_argument("--no-charts", action="store_true")
+    parser.add_argument("--tag", default="", help="suffix of the results file (sse-<date>-<tag>.json)")
+    args = parser.parse_args(argv)
+
+    clients = (
+        [int(n) for n in args.clients.split(",")]
+        if args.clients
+        else list(QUICK_CLIENTS if args.quick else FULL_CLIENTS)
+    )
+    idle = args.idle if args.idle is not None else (5.0 if args.quick else 20.0)
+    modes = [mode for mode in args.modes.split(",") if mode]
+    extra_env = dict(item.split("=", 1) for item in args.env)
+    hard = raise_open_files()
+    info = machine()
+    info["open_files_limit"] = hard
+    print(
+        f"SSE capacity, one gunicorn gevent worker: clients {clients}, modes {modes}, {args.runs} runs x "
+        f"{args.tokens} probe events at {args.rate:g}/s, idle {idle:g} s; {info['nproc']} CPUs, nofile {hard}",
+        flush=True,
+    )
+    rows: list[dict[str, Any]] = []
+    with _timer() as timer:
+        for count in clients:
+            for mode in modes:
+                try:
+                    row = measure(
+                        mode,
+                        count,
+                        runs=args.runs,
+                        tokens=args.tokens,
+                        rate=args.rate,
+                        idle_seconds=idle,
+                        load_processes=args.load_processes,
+                        extra_env=extra_env,
+                    )
+                except Exception as exc:  # one size failing must not lose the others
+                    row = {"mode": mode, "clients": count, "failed": f"{type(exc).__name__}: {exc}"[:300]}
+                rows.append(row)
+                print(" | ".join(_cells(row)), flush=True)
+    print()
+    print(markdown_table(rows))
+    for note in error_details(rows):
+        print(f"- {note}")
+    results = {
+        "machine": info,
+        "command": " ".join(["python -m bench.sse", *(argv if argv is not None else sys.argv[1:])]),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "env": extra_env,
+        "options": {
+            "runs": args.runs,
+            "tokens": args.tokens,
+            "rate": args.rate,
+            "idle": idle,
+            "load_processes": args.load_processes,
+        },
+        "rows": rows,
+        "seconds": round(timer.get("seconds", 0.0), 1),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = f"-{args.tag}" if args.tag else ("-quick" if args.quick else "")
+    path = RESULTS / f"sse-{datetime.date.today().isoformat()}{suffix}.json"
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"\nresults: {path.relative_to(ROOT)}")
+    if not args.no_charts and not args.quick and not args.tag:
+        for chart in charts(rows):
+            print(f"chart: {chart.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
