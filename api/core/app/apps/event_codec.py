@@ -46,5 +46,5 @@ def event_name(payload: bytes) -> str | None:
         event = json.loads(payload)
     except ValueError:
         return None
-    name = event.get("event") if isinstance(event, dict) else None
-    return name if isinstance(name, str) else None
+    value = event.get("event") if isinstance(event, dict) else None
+    return value if isinstance(value, str) else None
