@@ -1,0 +1,226 @@
+"""CPU per delivered SSE event, idle CPU and memory per stream of one API process, in-process under gevent.
+
+``python -m tools.profile_sse [--clients 2000 10000] [--runs 40] [--rate 40] [--seconds 15] [--idle 25]``
+
+For each client count a fresh child process (monkey-patched by gevent, like a gunicorn gevent
+worker) builds the app on the shared Redis (streams, under a key prefix of its own) and an SQLite
+app database, creates ``--runs`` running runs with a live lease and their ``workflow_started``,
+and opens N streams spread over them, each the real response of a reconnect
+(``event_stream_response`` of ``workflow_event_service.reconnect``) iterated as a WSGI server
+would, every chunk written to ``/dev/null`` (one system call per chunk, as a socket send is).
+Then it measures:
+
+- ``rss_kb_per_stream``: the process's RSS growth from before the first stream to all streams
+  connected, per stream;
+- ``idle_cpu``: the process's CPU share while the runs are quiet (``--idle`` seconds);
+- ``us_per_event``: process CPU per delivered event while a producer *process* appends ``--rate``
+  events per second in total over the runs (``--seconds`` seconds), and the delivery latency
+  (p50/p99, sampled on one stream per run) and the chunks written per delivered event.
+
+The producer's CPU is not counted: it runs in a process of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+_PRODUCER = """
+import json, sys, time
+from api.core.durable_stream import connect
+url, topics, rate, seconds = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+backend = connect(url)
+handles = [backend.topic(name) for name in topics]
+text = "x" * 40
+interval, start, sent = 1.0 / rate, time.monotonic(), 0
+while time.monotonic() - start < seconds:
+    topic = handles[sent % len(handles)]
+    body = {"event": "text_chunk", "task_id": "t", "workflow_run_id": "r", "data": {"text": text, "ts": time.time()}}
+    topic.append(json.dumps(body, separators=(",", ":")).encode())
+    sent += 1
+    delay = start + sent * interval - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+print(sent)
+backend.close()
+"""
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def measure(clients: int, runs: int, rate: float, seconds: float, idle: float) -> dict[str, Any]:
+    """One measurement in this (patched) process; see the module docstring."""
+    import gc
+    import pathlib
+    import re
+    import tempfile
+    import uuid
+
+    import gevent
+
+    from api.app_factory import create_app
+    from api.configs import AppConfig
+    from api.controllers.common.workflow_responses import event_stream_response
+    from api.core.app.apps.event_codec import encode_event
+    from api.extensions.ext_event_bus import event_transport
+    from api.models import WorkflowRun
+    from api.models.engine import db
+    from api.services import app_service, run_recovery
+    from api.services import workflow_event_service as event_streams
+    from api.services import workflow_run_service as run_service
+    from harness.app_env import base_env
+    from harness.processes import ROOT
+    from harness.services import redis_url
+
+    var_dir = pathlib.Path(tempfile.mkdtemp(prefix="profile-sse-"))
+    stream_url = redis_url(0, f"key_prefix=profile-{uuid.uuid4().hex[:8]}")
+    env = base_env(
+        var_dir,
+        DURABLE_STREAM_URL=stream_url,
+        WORKFLOW_LEASE_TTL=30,
+        SSE_PING_INTERVAL=10,
+        SSE_IDLE_TIMEOUT=3600,
+    )
+    app = create_app(AppConfig(**env))  # type: ignore[arg-type]
+    definition = json.loads((ROOT / "examples" / "greeting.json").read_text())
+    with app.app_context():
+        app_row = app_service.create_app(definition)
+        run_rows = []
+        for index in range(runs):
+            run = run_service.create_run(app_row, {"name": "n"}, f"user-{index}")
+            run.lease_expires_at = time.time() + 3600
+            run.attempt_started_at = time.time()
+            db.session.commit()
+            started = run_recovery.started_event_of(app_row, run)
+            event_transport().topic(run_service.topic_name(app_row, run)).append(encode_event(started))
+            run_rows.append(run)
+        topics = [run_service.topic_name(app_row, run) for run in run_rows]
+        for row in (app_row, *run_rows):
+            db.session.refresh(row)
+        db.session.expunge_all()
+        db.session.remove()
+    assert all(isinstance(run, WorkflowRun) for run in run_rows)
+
+    null = os.open(os.devnull, os.O_WRONLY)
+    delivered = [0]
+    chunks = [0]
+    connected = [0]
+    latencies: list[float] = []
+    stamp = re.compile(rb'"ts":([0-9.]+)')
+
+    def client(index: int) -> None:
+        run = run_rows[index % runs]
+        sampled = index < runs
+        with app.test_request_context("/"):
+            events = event_streams.reconnect(app_row, run, cursor=None, continue_on_pause=False)
+            response = event_stream_response(app_row, run, events)
+        first = True
+        for chunk in response.iter_encoded():
+            os.write(null, chunk)
+            chunks[0] += 1
+            count = chunk.count(b"data: ")
+            delivered[0] += count
+            if first and count:
+                first = False
+                connected[0] += 1
+            if sampled and count:
+                now = time.time()
+                latencies.extend(now - float(value) for value in stamp.findall(chunk))
+
+    gc.collect()
+    rss_before = _rss_kb()
+    started = time.monotonic()
+    greenlets = []
+    for index in range(clients):
+        greenlets.append(gevent.spawn(client, index))
+        if index % 100 == 99:
+            gevent.sleep(0)
+    while connected[0] < clients:
+        gevent.sleep(0.1)
+        if time.monotonic() - started > 300:
+            raise RuntimeError(f"only {connected[0]} of {clients} streams connected")
+    connect_seconds = time.monotonic() - started
+    gevent.sleep(2)  # let the connection work settle
+    gc.collect()
+    rss_after = _rss_kb()
+
+    cpu0, wall0 = _cpu(), time.monotonic()
+    gevent.sleep(idle)
+    idle_cpu = (_cpu() - cpu0) / (time.monotonic() - wall0)
+
+    latencies.clear()
+    cpu0, wall0, delivered0, chunks0 = _cpu(), time.monotonic(), delivered[0], chunks[0]
+    producer = subprocess.Popen(
+        [sys.executable, "-c", _PRODUCER, stream_url, json.dumps(topics), str(rate), str(seconds)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    while producer.poll() is None:
+        gevent.sleep(0.2)
+    assert producer.stdout is not None
+    appended = int(producer.stdout.read().strip() or 0)
+    expected = appended * clients // runs
+    drain = time.monotonic()
+    while delivered[0] - delivered0 < expected and time.monotonic() - drain < 30:
+        gevent.sleep(0.05)
+    cpu = _cpu() - cpu0
+    wall = time.monotonic() - wall0
+    events = delivered[0] - delivered0
+    latencies.sort()
+
+    def quantile(q: float) -> float:
+        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 2) if latencies else -1.0
+
+    return {
+        "clients": clients,
+        "runs": runs,
+        "connect_seconds": round(connect_seconds, 1),
+        "rss_kb_per_stream": round((rss_after - rss_before) / clients, 1),
+        "idle_cpu": round(idle_cpu, 4),
+        "appended": appended,
+        "delivered": events,
+        "expected": expected,
+        "load_cpu": round(cpu / wall, 3),
+        "us_per_event": round(cpu / max(events, 1) * 1e6, 1),
+        "chunks_per_event": round((chunks[0] - chunks0) / max(events, 1), 3),
+        "latency_ms_p50": quantile(0.5),
+        "latency_ms_p99": quantile(0.99),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[2000, 10000])
+    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--rate", type=float, default=40.0, help="events appended per second, over all runs")
+    parser.add_argument("--seconds", type=float, default=15.0, help="how long the producer appends")
+    parser.add_argument("--idle", type=float, default=25.0, help="how long the idle CPU is measured")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        result = measure(args.clients[0], args.runs, args.rate, args.seconds, args.idle)
+        print(json.dumps(result), flush=True)
+        os._exit(0)  # thousands of open streams: no orderly teardown to wait for
+    for clients in args.clients:
+        command = [sys.executable, "-m", "gevent.monkey", "--module", "tools.profile_sse", "--one"]
+        command += ["--clients", str(clients), "--runs", str(args.runs), "--rate", str(args.rate)]
+        command += ["--seconds", str(args.seconds), "--idle", str(args.idle)]
+        output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
+        print(output.strip().splitlines()[-1], flush=True)
+
+
+if __name__ == "__main__":
+    main()
