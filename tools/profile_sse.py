@@ -56,12 +56,19 @@ def _rss_kb() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
+def _type_counts() -> dict[str, int]:
+    import collections
+    import gc
+
+    return dict(collections.Counter(type(item).__qualname__ for item in gc.get_objects()))
+
+
 def _cpu() -> float:
     times = os.times()
     return times.user + times.system
 
 
-def measure(clients: int, runs: int, rate: float, seconds: float, idle: float) -> dict[str, Any]:
+def measure(clients: int, runs: int, rate: float, seconds: float, idle: float, profile: bool = False) -> dict[str, Any]:
     """One measurement in this (patched) process; see the module docstring."""
     import gc
     import pathlib
@@ -124,7 +131,8 @@ def measure(clients: int, runs: int, rate: float, seconds: float, idle: float) -
     def client(index: int) -> None:
         run = run_rows[index % runs]
         sampled = index < runs
-        with app.test_request_context("/"):
+        # The route of a reconnect, as a real request would match it (and nothing else).
+        with app.test_request_context(f"/v1/workflow/{run.task_id}/events?user={run.end_user}"):
             events = event_streams.reconnect(app_row, run, cursor=None, continue_on_pause=False)
             response = event_stream_response(app_row, run, events)
         first = True
@@ -141,6 +149,7 @@ def measure(clients: int, runs: int, rate: float, seconds: float, idle: float) -
                 latencies.extend(now - float(value) for value in stamp.findall(chunk))
 
     gc.collect()
+    types_before = _type_counts() if profile else {}
     rss_before = _rss_kb()
     started = time.monotonic()
     greenlets = []
@@ -156,11 +165,23 @@ def measure(clients: int, runs: int, rate: float, seconds: float, idle: float) -
     gevent.sleep(2)  # let the connection work settle
     gc.collect()
     rss_after = _rss_kb()
+    if profile:
+        grown = _type_counts()
+        top = sorted(((count - types_before.get(name, 0), name) for name, count in grown.items()), reverse=True)
+        print("objects per stream (tracked by the GC):", file=sys.stderr)
+        for count, name in top[:25]:
+            print(f"  {count / clients:8.2f} {name}", file=sys.stderr)
 
     cpu0, wall0 = _cpu(), time.monotonic()
     gevent.sleep(idle)
     idle_cpu = (_cpu() - cpu0) / (time.monotonic() - wall0)
 
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     latencies.clear()
     cpu0, wall0, delivered0, chunks0 = _cpu(), time.monotonic(), delivered[0], chunks[0]
     producer = subprocess.Popen(
@@ -180,6 +201,11 @@ def measure(clients: int, runs: int, rate: float, seconds: float, idle: float) -
     wall = time.monotonic() - wall0
     events = delivered[0] - delivered0
     latencies.sort()
+    if profiler is not None:
+        import pstats
+
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(35)
 
     def quantile(q: float) -> float:
         return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 2) if latencies else -1.0
@@ -208,16 +234,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="events appended per second, over all runs")
     parser.add_argument("--seconds", type=float, default=15.0, help="how long the producer appends")
     parser.add_argument("--idle", type=float, default=25.0, help="how long the idle CPU is measured")
+    parser.add_argument("--profile", action="store_true", help="cProfile the load phase (to stderr)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        result = measure(args.clients[0], args.runs, args.rate, args.seconds, args.idle)
+        result = measure(args.clients[0], args.runs, args.rate, args.seconds, args.idle, args.profile)
         print(json.dumps(result), flush=True)
         os._exit(0)  # thousands of open streams: no orderly teardown to wait for
     for clients in args.clients:
         command = [sys.executable, "-m", "gevent.monkey", "--module", "tools.profile_sse", "--one"]
         command += ["--clients", str(clients), "--runs", str(args.runs), "--rate", str(args.rate)]
-        command += ["--seconds", str(args.seconds), "--idle", str(args.idle)]
+        command += ["--seconds", str(args.seconds), "--idle", str(args.idle)] + (["--profile"] * args.profile)
         output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
         print(output.strip().splitlines()[-1], flush=True)
 
