@@ -63,6 +63,22 @@ def _type_counts() -> dict[str, int]:
     return dict(collections.Counter(type(item).__qualname__ for item in gc.get_objects()))
 
 
+def _profiler() -> Any:
+    import cProfile
+
+    profiler = cProfile.Profile(time.process_time)  # CPU time: waits in other greenlets do not count
+    profiler.enable()
+    return profiler
+
+
+def _print_profile(profiler: Any, phase: str) -> None:
+    import pstats
+
+    profiler.disable()
+    print(f"--- {phase} phase, by own CPU time", file=sys.stderr)
+    pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+
+
 def _cpu() -> float:
     times = os.times()
     return times.user + times.system
@@ -172,16 +188,13 @@ def measure(clients: int, runs: int, rate: float, seconds: float, idle: float, p
         for count, name in top[:25]:
             print(f"  {count / clients:8.2f} {name}", file=sys.stderr)
 
+    profiler = _profiler() if profile else None
     cpu0, wall0 = _cpu(), time.monotonic()
     gevent.sleep(idle)
     idle_cpu = (_cpu() - cpu0) / (time.monotonic() - wall0)
-
-    profiler = None
-    if profile:
-        import cProfile
-
-        profiler = cProfile.Profile()
-        profiler.enable()
+    if profiler is not None:
+        _print_profile(profiler, "idle")
+        profiler = _profiler()
     latencies.clear()
     cpu0, wall0, delivered0, chunks0 = _cpu(), time.monotonic(), delivered[0], chunks[0]
     producer = subprocess.Popen(
@@ -202,10 +215,7 @@ def measure(clients: int, runs: int, rate: float, seconds: float, idle: float, p
     events = delivered[0] - delivered0
     latencies.sort()
     if profiler is not None:
-        import pstats
-
-        profiler.disable()
-        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(35)
+        _print_profile(profiler, "load")
 
     def quantile(q: float) -> float:
         return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 2) if latencies else -1.0
@@ -234,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="events appended per second, over all runs")
     parser.add_argument("--seconds", type=float, default=15.0, help="how long the producer appends")
     parser.add_argument("--idle", type=float, default=25.0, help="how long the idle CPU is measured")
-    parser.add_argument("--profile", action="store_true", help="cProfile the load phase (to stderr)")
+    parser.add_argument("--profile", action="store_true", help="cProfile both phases, count objects (stderr)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:

@@ -164,3 +164,30 @@ def test_one_watcher_ends_every_stream_of_a_run_whose_worker_died(dead_worker_ha
         assert events[-1]["data"]["status"] == "failed" and "lease expired" in events[-1]["data"]["error"]
     with harness.app.app_context():
         assert run_watcher().watched() == 0
+
+
+def test_the_watcher_ends_live_only_streams_at_once_and_durable_ones_after_the_grace(
+    make_harness: Callable[..., AppHarness],
+) -> None:
+    harness = make_harness(start_worker=False, WORKFLOW_END_RETRY_DEADLINE=0.5, WORKFLOW_LEASE_TTL=3)
+    key = harness.create_app("greeting")["api_key"]
+    run_id = start_async(harness, key)["workflow_run_id"]
+    # The finisher recorded the outcome and died while it retried the end: nobody repairs it for an hour.
+    with harness.app.app_context():
+        assert run_store.finish(run_id, "failed", outputs=None, error="gone", steps=0, repair_after=time.time() + 3600)
+        watcher = run_watcher()
+        live_only, durable = FakeSubscription([]), FakeSubscription([])
+        live_watch = watcher.watch(run_id, live_only, live_only=True)
+        durable_watch = watcher.watch(run_id, durable, live_only=False)
+    try:
+        watcher.check()
+        assert live_only.closed and live_watch.final_event() is not None
+        assert live_watch.final_event()["data"]["status"] == "failed"  # type: ignore[index]
+        assert not durable.closed and durable_watch.final_event() is None, "its end may still reach the topic"
+        time.sleep(watcher.interval + 0.5 + 0.1)  # past the grace (end retry deadline + interval)
+        watcher.check()
+        assert durable.closed and durable_watch.final_event() == live_watch.final_event()
+    finally:
+        watcher.unwatch(live_watch)
+        watcher.unwatch(durable_watch)
+    assert watcher.watched() == 0
