@@ -1,6 +1,7 @@
 """CPU per delivered SSE event, idle CPU and memory per stream of one API process, in-process under gevent.
 
 ``python -m tools.profile_sse [--clients 2000 10000] [--runs 40] [--rate 40] [--seconds 15] [--idle 25]``
+``python -m tools.profile_sse --micro``: µs per event of the edge's own steps (name, token, framing).
 
 For each client count a fresh child process (monkey-patched by gevent, like a gunicorn gevent
 worker) builds the app on the shared Redis (streams, under a key prefix of its own) and an SQLite
@@ -127,8 +128,8 @@ def measure(clients: int, runs: int, rate: float, seconds: float, idle: float, p
             run.lease_expires_at = time.time() + 3600
             run.attempt_started_at = time.time()
             db.session.commit()
-            started = run_recovery.started_event_of(app_row, run)
-            event_transport().topic(run_service.topic_name(app_row, run)).append(encode_event(started))
+            start_event = run_recovery.started_event_of(app_row, run)
+            event_transport().topic(run_service.topic_name(app_row, run)).append(encode_event(start_event))
             run_rows.append(run)
         topics = [run_service.topic_name(app_row, run) for run in run_rows]
         for row in (app_row, *run_rows):
@@ -237,6 +238,38 @@ def measure(clients: int, runs: int, rate: float, seconds: float, idle: float, p
     }
 
 
+def micro(number: int = 20000) -> dict[str, float]:
+    """µs per call of what the HTTP edge does for each event: read its name, seal its cursor, frame it."""
+    import timeit
+
+    from api.controllers.common import sse
+    from api.core.app.apps.event_codec import encode_event, event_name
+    from api.libs.resume_token import ResumeTokenCodec, development_key
+
+    codec = ResumeTokenCodec([development_key("profile")])
+    bound = {"topic": "workflow:workflow_run:" + "r" * 36, "app_id": "a" * 36, "end_user": "user-1"}
+    text = {"text": "hello world " * 4}
+    payload = encode_event({"event": "text_chunk", "task_id": "t" * 36, "workflow_run_id": "r" * 36, "data": text})
+    cursor = "1." + "A" * 64  # the length of a Redis topic's cursor
+
+    def per_call(call: Any) -> float:
+        return round(min(timeit.repeat(call, number=number, repeat=9)) / number * 1e6, 3)
+
+    results = {"event_name": per_call(lambda: event_name(payload))}
+    results["codec.seal"] = per_call(lambda: codec.seal(cursor, **bound))
+    sealer = getattr(codec, "sealer", None)
+    if sealer is not None:  # this tree has per-stream sealers
+        stream_sealer = sealer(**bound)
+        results["sealer.seal_bytes"] = per_call(lambda: stream_sealer.seal_bytes(cursor))
+        token = stream_sealer.seal_bytes(cursor)
+        results["frame"] = per_call(lambda: sse.sse_message(payload, event_id=token))
+    else:
+        token_text = codec.seal(cursor, **bound)
+        frame_text: Any = sse.sse_message  # the str framing of older trees
+        results["frame"] = per_call(lambda: frame_text(payload.decode(), event_id=token_text).encode())
+    return results
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[2000, 10000])
@@ -245,8 +278,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="how long the producer appends")
     parser.add_argument("--idle", type=float, default=25.0, help="how long the idle CPU is measured")
     parser.add_argument("--profile", action="store_true", help="cProfile both phases, count objects (stderr)")
+    parser.add_argument("--micro", action="store_true", help="only the per-event micro-benchmark")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.micro:
+        print(json.dumps(micro()))
+        return
     if args.one:
         result = measure(args.clients[0], args.runs, args.rate, args.seconds, args.idle, args.profile)
         print(json.dumps(result), flush=True)
