@@ -14,7 +14,7 @@ from api.controllers.common.sse import PING, sse_message, sse_messages
 from api.core.app.apps import run_store
 from api.core.app.apps.event_codec import encode_event
 from api.core.app.apps.event_transport import StreamMessage
-from api.core.app.apps.message_generator import FLUSH, Notice, StreamEvent, StreamItem, stream_topic_events
+from api.core.app.apps.message_generator import EventBatch, Notice, Ping, StreamEvent, StreamItem, stream_topic_events
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, Closed, TopicCursor
 from api.extensions.ext_durable_stream import durable_stream
@@ -69,13 +69,14 @@ def one_by_one(items: list[StreamItem]) -> bytes:
     """The bytes of ``items`` framed one message at a time (what clients received before coalescing)."""
     out = b""
     for item in items:
-        if isinstance(item, StreamEvent):
-            event_id = None if item.cursor is None else f"token-{item.cursor}".encode()
-            out += sse_message(item.payload, event_id=event_id)
-        elif isinstance(item, Notice):
-            out += sse_message(item.payload, event=item.event)
-        elif item is not FLUSH:
-            out += PING
+        for single in item.events if isinstance(item, EventBatch) else (item,):
+            if isinstance(single, StreamEvent):
+                event_id = None if single.cursor is None else f"token-{single.cursor}".encode()
+                out += sse_message(single.payload, event_id=event_id)
+            elif isinstance(single, Notice):
+                out += sse_message(single.payload, event=single.event)
+            else:
+                out += PING
     return out
 
 
@@ -90,7 +91,8 @@ def test_events_ready_at_once_go_out_as_one_chunk_each_exactly_once() -> None:
     records = [event("text_chunk", str(index)) for index in range(150)] + [event("workflow_finished")]
     subscription = FakeSubscription(records)
     items = list(stream_topic_events(subscription, coalesce=64))
-    events = [item for item in items if isinstance(item, StreamEvent)]
+    assert [type(item) for item in items] == [Ping, EventBatch, EventBatch, EventBatch]
+    events = [event for item in items if isinstance(item, EventBatch) for event in item.events]
     assert [e.payload for e in events] == records, "every event once, in order"
     chunks = frame(items)
     assert b"".join(chunks) == one_by_one(items), "the same bytes as one message at a time"
@@ -98,12 +100,29 @@ def test_events_ready_at_once_go_out_as_one_chunk_each_exactly_once() -> None:
     assert [m.json for m in parse_sse(chunks) if not m.is_ping] == [json.loads(e.payload) for e in events]
 
 
-def test_a_flush_ping_notice_or_end_sends_what_is_held() -> None:
+def test_a_lone_event_is_sent_at_once_and_a_failed_read_loses_nothing_read_before() -> None:
+    class Failing(FakeSubscription):
+        def receive(self, timeout: float) -> StreamMessage | Closed | None:
+            if not self.ready:
+                raise RuntimeError("the store went away")
+            return super().receive(timeout)
+
+    items = stream_topic_events(Failing([event("text_chunk", "a"), event("text_chunk", "b")]), coalesce=64)
+    assert isinstance(next(items), Ping)
+    batch = next(items)
+    assert isinstance(batch, EventBatch) and len(batch.events) == 2, "read before the failure: still sent"
+    with pytest.raises(RuntimeError):
+        next(items)
+    trickle = FakeSubscription([event("text_chunk", "a")], close_after_waits=1)
+    assert [type(item) for item in stream_topic_events(trickle, coalesce=64)] == [Ping, StreamEvent]
+
+
+def test_every_item_is_one_chunk_with_the_same_bytes() -> None:
     first = StreamEvent("text_chunk", event("text_chunk", "a"), TopicCursor("c1"))
     second = StreamEvent("text_chunk", b'{"event":"text_chunk","a":"b\nc"}', None)  # a raw newline: still correct
-    items: list[StreamItem] = [first, FLUSH, first, second, Notice("error", b'{"code":"x"}'), first]
+    items: list[StreamItem] = [first, EventBatch((first, second)), Notice("error", b'{"code":"x"}'), first]
     chunks = frame(items)
-    assert len(chunks) == 3 and b"".join(chunks) == one_by_one(items)
+    assert len(chunks) == 4 and b"".join(chunks) == one_by_one(items)
     assert b'data: {"event":"text_chunk","a":"b\ndata: c"}\n\n' in chunks[1]
 
 
@@ -111,7 +130,7 @@ def test_an_idle_stream_waits_for_its_ping_not_a_poll_timer() -> None:
     subscription = FakeSubscription([event("text_chunk")], close_after_waits=3)
     items = list(stream_topic_events(subscription, ping_interval=10.0, idle_timeout=300.0, coalesce=64))
     assert all(9.0 < timeout <= 10.0 for timeout in subscription.timeouts), subscription.timeouts
-    assert isinstance(items[-1], type(FLUSH)), "the stream was closed: nothing more"
+    assert [type(item) for item in items] == [Ping, StreamEvent], "the stream was closed: nothing more"
 
 
 def test_a_closed_subscription_ends_with_the_event_left_for_it() -> None:

@@ -4,16 +4,16 @@ The HTTP edge of the event streams. :func:`sse_messages` frames the domain items
 a run's event goes out as ``id: <resume token>`` + ``data: <payload as stored>``, a notice as
 ``event: <name>`` + ``data: …``, a ping as ``event: ping``.
 
-Messages are built as bytes straight from the stored payload (no decode and re-encode), and the
-events a service yields back to back before a :data:`~api.core.app.apps.message_generator.FLUSH`
-go out as one chunk: one write to the client's socket for all the events that were ready at once.
+Messages are built as bytes straight from the stored payload (no decode and re-encode); every item
+is one chunk, so the events of an :class:`~api.core.app.apps.message_generator.EventBatch` (those
+that were ready at once) go out in one write to the client's socket.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
 
-from api.core.app.apps.message_generator import Flush, Notice, Ping, StreamItem
+from api.core.app.apps.message_generator import EventBatch, Ping, StreamEvent, StreamItem
 from api.core.durable_stream import TopicCursor
 
 PING = b"event: ping\n\n"
@@ -34,36 +34,29 @@ def sse_message(data: bytes, event_id: bytes | None = None, event: str | None = 
 def sse_messages(
     items: Generator[StreamItem, None, None], *, resume_token: Callable[[TopicCursor], bytes]
 ) -> Generator[bytes, None, None]:
-    """The SSE bytes of ``items``; each event's cursor becomes its ``id:`` through ``resume_token``.
+    """The SSE bytes of ``items``, one chunk per item; each event's cursor becomes its ``id:``
+    through ``resume_token``.
 
-    Events are held until a flush, a ping, a notice or the end, and sent together as one chunk.
     Closing this generator closes ``items`` (and so the subscription behind them).
     """
-    held: list[bytes] = []
     try:
         for item in items:
-            if isinstance(item, Flush):
-                if held:
-                    yield b"".join(held) if len(held) > 1 else held[0]
-                    held.clear()
+            if isinstance(item, StreamEvent):
+                yield _event_message(item, resume_token)
+            elif isinstance(item, EventBatch):
+                yield b"".join([_event_message(event, resume_token) for event in item.events])
             elif isinstance(item, Ping):
-                held.append(PING)
-                yield b"".join(held) if len(held) > 1 else held[0]
-                held.clear()
-            elif isinstance(item, Notice):
-                held.append(sse_message(item.payload, event=item.event))
-                yield b"".join(held) if len(held) > 1 else held[0]
-                held.clear()
-            else:
-                cursor = item.cursor
-                payload = item.payload
-                if cursor is None:
-                    held.append(sse_message(payload))
-                elif b"\n" in payload:
-                    held.append(sse_message(payload, event_id=resume_token(cursor)))
-                else:
-                    held.append(b"id: %b\ndata: %b\n\n" % (resume_token(cursor), payload))
-        if held:
-            yield b"".join(held) if len(held) > 1 else held[0]
+                yield PING
+            else:  # a Notice
+                yield sse_message(item.payload, event=item.event)
     finally:
         items.close()
+
+
+def _event_message(event: StreamEvent, resume_token: Callable[[TopicCursor], bytes]) -> bytes:
+    cursor, payload = event.cursor, event.payload
+    if cursor is None:
+        return sse_message(payload)
+    if b"\n" in payload:
+        return sse_message(payload, event_id=resume_token(cursor))
+    return b"id: %b\ndata: %b\n\n" % (resume_token(cursor), payload)

@@ -69,14 +69,14 @@ class Notice:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Flush:
-    """The events yielded since the last flush were all that was ready: send them now (one chunk)."""
+class EventBatch:
+    """Events of the run that were ready at once, in order: the HTTP edge sends them as one chunk."""
 
+    events: tuple[StreamEvent, ...]
 
-FLUSH = Flush()
 
 #: What an event stream yields to the HTTP edge.
-StreamItem = Ping | StreamEvent | Notice | Flush
+StreamItem = Ping | StreamEvent | EventBatch | Notice
 
 
 class MessageGenerator:
@@ -113,7 +113,7 @@ def stream_topic_events(
     first_event: str | None = None,
     first: StreamMessage | None = None,
     coalesce: int = 1,
-) -> Iterator[Ping | StreamEvent | Flush]:
+) -> Iterator[Ping | StreamEvent | EventBatch]:
     """Yield a ping at once, then events; ping after ``ping_interval`` without anything sent; stop at
     a terminal event, the sealed end, or after ``idle_timeout`` without events. The subscription
     must already be entered.
@@ -127,8 +127,8 @@ def stream_topic_events(
     record must be that event, else :class:`IncompleteRunError` (a reader from the beginning must
     not mistake what is left of a run for the whole run).
 
-    With ``coalesce`` > 1, records that are ready at once are yielded back to back, up to that many,
-    and :data:`FLUSH` follows each such run of events: the HTTP edge sends them as one chunk.
+    With ``coalesce`` > 1, the records that are ready when one arrives (up to that many in all) are
+    yielded together, as an :class:`EventBatch` (a lone event is yielded as itself).
 
     Raises:
         IncompleteRunError: The first record is not ``first_event``.
@@ -137,22 +137,28 @@ def stream_topic_events(
     clock = time.monotonic
     last_event = last_sent = clock()
     pending: StreamMessage | None = first
-    unflushed = 0
+    batch: list[StreamEvent] = []
     item: StreamMessage | Closed | None
     while True:
         if pending is not None:
             item, pending = pending, None
-        elif unflushed:
-            # Events were yielded and not flushed: take what is ready now, without waiting.
-            item = subscription.receive(timeout=0) if unflushed < coalesce else None
+        elif batch:
+            # Take what else is ready now, without waiting; then send the batch.
+            try:
+                item = subscription.receive(timeout=0) if len(batch) < coalesce else None
+            except BaseException:
+                yield _batched(batch)  # what was read before the failure still goes out
+                raise
             if item is None:
-                unflushed = 0
-                yield FLUSH
+                yield _batched(batch)
+                batch = []
                 continue
         else:
             due = min(last_sent + ping_interval, last_event + idle_timeout)
             item = subscription.receive(timeout=max(due - clock(), 0.0))
         if item is CLOSED:
+            if batch:
+                yield _batched(batch)
             final = None if on_closed is None else on_closed()
             if final is not None:
                 yield StreamEvent(str(final["event"]), encode_event(final), None)
@@ -170,17 +176,34 @@ def stream_topic_events(
             if name != first_event:
                 raise IncompleteRunError(f"the retained events begin with {name!r}, not {first_event!r}")
             first_event = None
-        yield StreamEvent(name or "", item.payload, item.cursor)
+        event = StreamEvent(name or "", item.payload, item.cursor)
         last_event = last_sent = clock()
+        if name in terminal:
+            if name == "workflow_paused":
+                # A pause replayed from history may already be followed by the resumed run's events:
+                # a stale pause must not end the stream (that is how reconnect loops start).
+                try:
+                    following = subscription.receive(timeout=0)
+                except BaseException:
+                    if batch:
+                        yield _batched(batch)
+                    raise
+                if isinstance(following, StreamMessage):
+                    pending = following
+                    terminal_now = False
+                else:
+                    terminal_now = True
+            else:
+                terminal_now = True
+            if terminal_now:
+                batch.append(event)
+                yield _batched(batch)
+                return
         if coalesce > 1:
-            unflushed += 1
-        if name not in terminal:
-            continue
-        if name == "workflow_paused":
-            # A pause replayed from history may already be followed by the resumed run's events: a
-            # stale pause must not end the stream (that is how reconnect loops start).
-            following = subscription.receive(timeout=0)
-            if isinstance(following, StreamMessage):
-                pending = following
-                continue
-        return
+            batch.append(event)
+        else:
+            yield event
+
+
+def _batched(events: list[StreamEvent]) -> StreamEvent | EventBatch:
+    return events[0] if len(events) == 1 else EventBatch(tuple(events))
