@@ -146,15 +146,13 @@ class RunWatcher:
 
     def _settle(self, run: WorkflowRun, now: float) -> None:
         """End the streams of ``run`` that will not get its end from the topic."""
+        terminal = run.run_status.is_terminal
         with self._lock:
             watches = list(self._streams.get(run.id, ()))
-        if not run.run_status.is_terminal:
-            self._pending_since.pop(run.id, None)
-            return
-        ending = [watch for watch in watches if watch.live_only]
-        if not run.stream_ended and len(ending) < len(watches):
-            since = self._pending_since.setdefault(run.id, now)
-            if now - since >= self._grace:
+            ending = [watch for watch in watches if watch.live_only] if terminal else []
+            if not terminal or run.stream_ended or len(ending) == len(watches):
+                self._pending_since.pop(run.id, None)
+            elif now - self._pending_since.setdefault(run.id, now) >= self._grace:
                 ending = watches
         if ending:
             final = run_recovery.finished_event_of(run)
