@@ -3,7 +3,8 @@
 A run must always end, visibly: a terminal row *and* a ``workflow_finished`` record at the end of
 its sealed topic. The worker's attempt normally writes both; when something died on the way, the
 checks here finish the job. They run from several places — the reaper in every Celery worker
-(:mod:`api.extensions.ext_reaper`), the idle check of every SSE reader and blocking request of the
+(:mod:`api.extensions.ext_reaper`), the run watcher of every API process with open event streams
+(:mod:`api.services.run_watcher`), the idle check of every blocking request of the
 run, and a task delivery that finds its attempt already claimed — and all of them are idempotent
 and safe to run concurrently: each row change is a conditional update that one caller wins, and a
 topic's end is written by :func:`~api.core.app.apps.run_end.write_end`, which is safe to repeat.

@@ -9,7 +9,6 @@ frames the items and seals each cursor into the ``id:`` of its event.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Generator
 from typing import Any
 
@@ -37,12 +36,16 @@ from api.models.engine import db
 
 from . import run_recovery
 from . import workflow_run_service as runs
+from .run_watcher import run_watcher
 
 logger = logging.getLogger(__name__)
 
 CURSOR_EXPIRED_MESSAGE = (
     "the run's events after this point are no longer retained; reload the run (GET /workflows/run/<id>)"
 )
+#: Events ready at once that one chunk (one socket write) may carry.
+COALESCE = 64
+
 EVENTS_LOST_MESSAGE = (
     "the run's events are not all retained (retention removed its start, or the stream store lost them); "
     "reload the run (GET /workflows/run/<id>)"
@@ -196,14 +199,11 @@ def _events(
     first_event: str | None = None,
 ) -> EventStream:
     config = _config()
-    app_id, run_id = app.id, run.id
-    run_check = _RunCheck(
-        app_id,
-        run_id,
-        interval=max(0.5, config.WORKFLOW_LEASE_TTL / 3),
-        grace=config.WORKFLOW_END_RETRY_DEADLINE + max(0.5, config.WORKFLOW_LEASE_TTL / 3),
-        live_only=not subscription.resumable,
-    )
+    run_id = run.id
+    watcher = run_watcher()
+    # The run's row is checked by the process's watcher, with every other watched run: the stream
+    # itself only waits for its events and its pings.
+    watch = watcher.watch(run_id, subscription, live_only=not subscription.resumable)
     try:
         if first is CLOSED:
             yield PING
@@ -213,9 +213,10 @@ def _events(
             ping_interval=config.SSE_PING_INTERVAL,
             idle_timeout=config.SSE_IDLE_TIMEOUT,
             terminal=terminal_events(continue_on_pause),
-            on_idle=run_check,
+            on_closed=watch.final_event,
             first=first,
             first_event=first_event,
+            coalesce=COALESCE,
         )
     except CursorUnavailableError:
         yield _error_notice(run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410)
@@ -224,6 +225,7 @@ def _events(
     except DurableStreamError as exc:
         yield _error_notice(run_id, "stream_unavailable", str(exc), 503)
     finally:
+        watcher.unwatch(watch)
         subscription.close()
 
 
@@ -235,47 +237,3 @@ def _error_notice(run_id: str, code: str, message: str, status: int) -> Notice:
             db.session.refresh(run)
             body["run"] = runs.run_detail(run)
     return Notice("error", encode_event(body))
-
-
-class _RunCheck:
-    """On idle, at most once per ``interval``: end the run if its worker died or never started it,
-    write its end if that is pending, and end the response with the row's outcome if the topic
-    cannot deliver it (a live-only transport, or an end still pending after ``grace``)."""
-
-    def __init__(self, app_id: str, run_id: str, *, interval: float, grace: float, live_only: bool) -> None:
-        self._app_id, self._run_id = app_id, run_id
-        self._interval, self._grace, self._live_only = interval, grace, live_only
-        self._last = 0.0
-        self._pending_since: float | None = None
-
-    def __call__(self) -> dict[str, Any] | None:
-        now = time.monotonic()
-        if now - self._last < self._interval:
-            return None
-        self._last = now
-        try:
-            return self._check(now)
-        except Exception:  # the database is away: the stream goes on, and the next check tries again
-            logger.warning("could not check run %s while streaming it", self._run_id, exc_info=True)
-            db.session.rollback()
-            return None
-
-    def _check(self, now: float) -> dict[str, Any] | None:
-        run = db.session.get(WorkflowRun, self._run_id)
-        app = db.session.get(App, self._app_id)
-        if run is None or app is None:
-            return None
-        try:
-            db.session.refresh(run)
-            run_recovery.check_run(app, run)
-            if not run.run_status.is_terminal or (run.stream_ended and not self._live_only):
-                return None
-            if self._live_only:
-                return run_recovery.finished_event_of(run)
-            if self._pending_since is None:
-                self._pending_since = now
-            elif now - self._pending_since >= self._grace:
-                return run_recovery.finished_event_of(run)
-            return None
-        finally:
-            db.session.commit()  # end the read transaction: the next check must see fresh rows

@@ -112,3 +112,32 @@ def test_other_spellings_of_a_genuine_token_are_malformed(cursor_length: int) ->
         with pytest.raises(InvalidResumeTokenError, match="malformed"):
             codec.open(spelling, **BOUND)
     assert codec.open(token, **BOUND) == "c" * cursor_length
+
+
+def test_a_stream_sealer_makes_the_codecs_tokens() -> None:
+    rotated = ResumeTokenCodec([key("new"), key("old")])
+    sealer = rotated.sealer(**BOUND)
+    cursors = [f"1.cursor-{index}" for index in range(600)]  # past a nonce buffer's worth, twice
+    tokens = [sealer.seal(cursor) for cursor in cursors]
+    assert [rotated.open(token, **BOUND) for token in tokens] == cursors
+    assert sealer.seal_bytes("1.c") != sealer.seal_bytes("1.c"), "a fresh nonce per token"
+    assert sealer.seal_bytes("1.c").decode("ascii") != sealer.seal("1.c")
+    for field in BOUND:
+        with pytest.raises(InvalidResumeTokenError):
+            rotated.open(tokens[0], **{**BOUND, field: BOUND[field] + "x"})
+
+
+def test_nonces_are_never_shared_with_a_forked_child() -> None:
+    sealer = ResumeTokenCodec([key("k1")]).sealer(**BOUND)
+    sealer.seal("c")  # the buffer is filled; a child must not hand out the rest of it
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        os.write(write, resume_token._NONCES.take())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(child) == 12 and child != resume_token._NONCES.take()

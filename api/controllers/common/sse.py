@@ -3,46 +3,60 @@
 The HTTP edge of the event streams. :func:`sse_messages` frames the domain items a service yields:
 a run's event goes out as ``id: <resume token>`` + ``data: <payload as stored>``, a notice as
 ``event: <name>`` + ``data: …``, a ping as ``event: ping``.
+
+Messages are built as bytes straight from the stored payload (no decode and re-encode); every item
+is one chunk, so the events of an :class:`~api.core.app.apps.message_generator.EventBatch` (those
+that were ready at once) go out in one write to the client's socket.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
 
-from api.core.app.apps.message_generator import Notice, Ping, StreamItem
+from api.core.app.apps.message_generator import EventBatch, Ping, StreamEvent, StreamItem
 from api.core.durable_stream import TopicCursor
 
-PING = "event: ping\n\n"
+PING = b"event: ping\n\n"
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def sse_message(data: str, event_id: str | None = None, event: str | None = None) -> str:
-    lines = []
-    if event_id is not None:
-        lines.append(f"id: {event_id}\n")
+def sse_message(data: bytes, event_id: bytes | None = None, event: str | None = None) -> bytes:
+    """One SSE message; ``data`` as it is sent (stored payloads are ASCII JSON)."""
+    head = b"" if event_id is None else b"id: %b\n" % event_id
     if event is not None:
-        lines.append(f"event: {event}\n")
-    # A data field may not contain a newline; stored events never do, but stay correct anyway.
-    lines.extend(f"data: {line}\n" for line in data.split("\n"))
-    return "".join(lines) + "\n"
+        head += b"event: %b\n" % event.encode()
+    if b"\n" in data:  # a data field may not contain a newline; stored events never do, but stay correct
+        return head + b"".join(b"data: %b\n" % line for line in data.split(b"\n")) + b"\n"
+    return head + b"data: %b\n\n" % data
 
 
 def sse_messages(
-    items: Generator[StreamItem, None, None], *, resume_token: Callable[[TopicCursor], str]
-) -> Generator[str, None, None]:
-    """The SSE text of ``items``; each event's cursor becomes its ``id:`` through ``resume_token``.
+    items: Generator[StreamItem, None, None], *, resume_token: Callable[[TopicCursor], bytes]
+) -> Generator[bytes, None, None]:
+    """The SSE bytes of ``items``, one chunk per item; each event's cursor becomes its ``id:``
+    through ``resume_token``.
 
     Closing this generator closes ``items`` (and so the subscription behind them).
     """
     try:
         for item in items:
-            if isinstance(item, Ping):
+            if isinstance(item, StreamEvent):
+                yield _event_message(item, resume_token)
+            elif isinstance(item, EventBatch):
+                yield b"".join([_event_message(event, resume_token) for event in item.events])
+            elif isinstance(item, Ping):
                 yield PING
-            elif isinstance(item, Notice):
-                yield sse_message(item.payload.decode(), event=item.event)
-            else:
-                event_id = None if item.cursor is None else resume_token(item.cursor)
-                yield sse_message(item.payload.decode(), event_id=event_id)
+            else:  # a Notice
+                yield sse_message(item.payload, event=item.event)
     finally:
         items.close()
+
+
+def _event_message(event: StreamEvent, resume_token: Callable[[TopicCursor], bytes]) -> bytes:
+    cursor, payload = event.cursor, event.payload
+    if cursor is None:
+        return sse_message(payload)
+    if b"\n" in payload:
+        return sse_message(payload, event_id=resume_token(cursor))
+    return b"id: %b\ndata: %b\n\n" % (resume_token(cursor), payload)

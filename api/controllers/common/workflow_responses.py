@@ -7,7 +7,6 @@ cursors only).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from flask import Response, request, stream_with_context
@@ -81,11 +80,11 @@ def event_stream_response(
     app_model: App, run: WorkflowRun, events: EventStream, headers: dict[str, str] | None = None
 ) -> Response:
     """An SSE response of ``events``, each event's cursor sealed into a token bound to the run and user."""
-    seal = functools.partial(
-        resume_token_codec().seal, topic=runs.topic_name(app_model, run), app_id=app_model.id, end_user=run.end_user
-    )
+    # Bound once per response: the associated data and the AEAD object are reused for every event.
+    topic = runs.topic_name(app_model, run)
+    sealer = resume_token_codec().sealer(topic=topic, app_id=app_model.id, end_user=run.end_user)
     return Response(
-        stream_with_context(sse_messages(events, resume_token=seal)),
+        stream_with_context(sse_messages(events, resume_token=sealer.seal_bytes)),
         mimetype="text/event-stream",
         headers={**SSE_HEADERS, **(headers or {})},
     )

@@ -20,14 +20,31 @@ def encode_event(event: Mapping[str, Any]) -> bytes:
     return json.dumps(event, separators=(",", ":")).encode()
 
 
+#: What :func:`encode_event` writes first for every event made by ``make_event`` (the ``event``
+#: member comes first, as a compact JSON string).
+_PREFIX = b'{"event":"'
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+#: What may follow the name's closing quote: another member or the end of the object.
+_AFTER_NAME = frozenset(b",}")
+
+
 def event_name(payload: bytes) -> str | None:
     """The ``event`` member of a stored payload, or ``None`` if it is not an event object.
 
-    Decodes the payload only to look inside; the payload itself is what goes on.
+    Only looks inside; the payload itself is what goes on. Every stored payload was written by
+    :func:`encode_event`, which puts ``"event"`` first for every event (compact JSON, ASCII only),
+    so the name is read from that prefix when it is a string without escapes followed by another
+    member or the end of the object; any other payload is decoded as JSON.
     """
+    if payload[:10] == _PREFIX:
+        end = payload.find(_QUOTE, 10)
+        if end > 10 and end + 1 < len(payload) and payload[end + 1] in _AFTER_NAME:
+            name = payload[10:end]
+            if _BACKSLASH not in name and name.isascii():
+                return name.decode("ascii")
     try:
         event = json.loads(payload)
     except ValueError:
         return None
-    name = event.get("event") if isinstance(event, dict) else None
-    return name if isinstance(name, str) else None
+    value = event.get("event") if isinstance(event, dict) else None
+    return value if isinstance(value, str) else None

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from api.core.durable_stream import CLOSED, TopicCursor
+from api.core.durable_stream import CLOSED, Closed, TopicCursor
 
 from .event_codec import encode_event, event_name
 from .event_transport import EventSubscription, StreamMessage, WorkflowEventTransport
@@ -68,8 +68,15 @@ class Notice:
     payload: bytes
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class EventBatch:
+    """Events of the run that were ready at once, in order: the HTTP edge sends them as one chunk."""
+
+    events: tuple[StreamEvent, ...]
+
+
 #: What an event stream yields to the HTTP edge.
-StreamItem = Ping | StreamEvent | Notice
+StreamItem = Ping | StreamEvent | EventBatch | Notice
 
 
 class MessageGenerator:
@@ -102,42 +109,66 @@ def stream_topic_events(
     ping_interval: float = 10.0,
     idle_timeout: float = 300.0,
     terminal: frozenset[str] = DEFAULT_TERMINAL_EVENTS,
-    on_idle: Callable[[], dict[str, Any] | None] | None = None,
-    poll_timeout: float = 1.0,
+    on_closed: Callable[[], dict[str, Any] | None] | None = None,
     first_event: str | None = None,
     first: StreamMessage | None = None,
-) -> Iterator[Ping | StreamEvent]:
-    """Yield a ping at once, then events; ping when idle; stop at a terminal event, the sealed end,
-    or after ``idle_timeout`` without events. The subscription must already be entered.
+    coalesce: int = 1,
+) -> Iterator[Ping | StreamEvent | EventBatch]:
+    """Yield a ping at once, then events; ping after ``ping_interval`` without anything sent; stop at
+    a terminal event, the sealed end, or after ``idle_timeout`` without events. The subscription
+    must already be entered.
+
+    While nothing arrives the reader blocks in ``receive`` until the next ping is due: no timer
+    per stream fires in between. Whoever watches the run from outside (a per-process watcher)
+    ends the stream by closing the subscription; ``on_closed`` then says with which event: an
+    event it returns is yielded (without a cursor) as the last one.
 
     ``first`` is a record already taken from the subscription. With ``first_event``, the first
     record must be that event, else :class:`IncompleteRunError` (a reader from the beginning must
-    not mistake what is left of a run for the whole run). ``on_idle`` runs while nothing arrives; an
-    event it returns is yielded (without a cursor) as the last one.
+    not mistake what is left of a run for the whole run).
+
+    With ``coalesce`` > 1, the records that are ready when one arrives (up to that many in all) are
+    yielded together, as an :class:`EventBatch` (a lone event is yielded as itself).
 
     Raises:
         IncompleteRunError: The first record is not ``first_event``.
     """
     yield PING
-    poll_timeout = min(poll_timeout, ping_interval)
-    last_event = last_ping = time.monotonic()
+    clock = time.monotonic
+    last_event = last_sent = clock()
     pending: StreamMessage | None = first
+    batch: list[StreamEvent] = []
+    item: StreamMessage | Closed | None
     while True:
-        item = pending if pending is not None else subscription.receive(timeout=poll_timeout)
-        pending = None
+        if pending is not None:
+            item, pending = pending, None
+        elif batch:
+            # Take what else is ready now, without waiting; then send the batch.
+            try:
+                item = subscription.receive(timeout=0) if len(batch) < coalesce else None
+            except BaseException:
+                yield _batched(batch)  # what was read before the failure still goes out
+                raise
+            if item is None:
+                yield _batched(batch)
+                batch = []
+                continue
+        else:
+            due = min(last_sent + ping_interval, last_event + idle_timeout)
+            item = subscription.receive(timeout=max(due - clock(), 0.0))
         if item is CLOSED:
+            if batch:
+                yield _batched(batch)
+            final = None if on_closed is None else on_closed()
+            if final is not None:
+                yield StreamEvent(str(final["event"]), encode_event(final), None)
             return
         if item is None:
-            now = time.monotonic()
-            if now - last_event > idle_timeout:
+            now = clock()
+            if now - last_event >= idle_timeout:
                 return
-            if on_idle is not None:
-                final = on_idle()
-                if final is not None:
-                    yield StreamEvent(str(final["event"]), encode_event(final), None)
-                    return
-            if now - last_ping >= ping_interval:
-                last_ping = now
+            if now - last_sent >= ping_interval:
+                last_sent = now
                 yield PING
             continue
         name = event_name(item.payload)
@@ -145,15 +176,34 @@ def stream_topic_events(
             if name != first_event:
                 raise IncompleteRunError(f"the retained events begin with {name!r}, not {first_event!r}")
             first_event = None
-        yield StreamEvent(name or "", item.payload, item.cursor)
-        last_event = time.monotonic()
-        if name not in terminal:
-            continue
-        if name == "workflow_paused":
-            # A pause replayed from history may already be followed by the resumed run's events: a
-            # stale pause must not end the stream (that is how reconnect loops start).
-            following = subscription.receive(timeout=0)
-            if isinstance(following, StreamMessage):
-                pending = following
-                continue
-        return
+        event = StreamEvent(name or "", item.payload, item.cursor)
+        last_event = last_sent = clock()
+        if name in terminal:
+            if name == "workflow_paused":
+                # A pause replayed from history may already be followed by the resumed run's events:
+                # a stale pause must not end the stream (that is how reconnect loops start).
+                try:
+                    following = subscription.receive(timeout=0)
+                except BaseException:
+                    if batch:
+                        yield _batched(batch)
+                    raise
+                if isinstance(following, StreamMessage):
+                    pending = following
+                    terminal_now = False
+                else:
+                    terminal_now = True
+            else:
+                terminal_now = True
+            if terminal_now:
+                batch.append(event)
+                yield _batched(batch)
+                return
+        if coalesce > 1:
+            batch.append(event)
+        else:
+            yield event
+
+
+def _batched(events: list[StreamEvent]) -> StreamEvent | EventBatch:
+    return events[0] if len(events) == 1 else EventBatch(tuple(events))

@@ -1,0 +1,175 @@
+"""One watcher per process for the runs its event streams read: run-row checks in batches, not per stream.
+
+An event stream must not wait forever for a run whose worker died, whose end is pending, or whose
+end a live-only transport will never deliver again. Each stream used to check its run's row on its
+own every few seconds while idle, which woke every idle stream every second and cost one query per
+stream per check. Instead, each open stream registers here (:meth:`RunWatcher.watch`), and one
+thread (a greenlet under gevent) checks, once per ``interval``, every run with at least one open
+stream in this process with one query, applies the same checks as the reaper
+(:func:`~api.services.run_recovery.check_run`: an expired lease or a missed start fails the run
+and writes its end, a pending end is written), and ends only the streams whose run needs it:
+
+- on a live-only transport, every stream of a run whose row is terminal (its end was published
+  while nobody listened, or is about to be; the row says how it ended);
+- otherwise the streams of a terminal run whose end is still not in the topic ``grace`` after
+  this watcher first saw it pending (its finisher's retries are over; the row says how it ended).
+
+A stream is ended by closing its subscription after leaving the run's ``workflow_finished`` (built
+from the row) in its :class:`StreamWatch`; the stream's loop finds it there and sends it as its last
+event. A run whose end reaches the topic needs nothing: its streams read it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from flask import Flask, current_app
+from sqlalchemy import select
+
+from api.configs import AppConfig
+from api.core.app.apps.event_transport import EventSubscription
+from api.models import App, WorkflowRun
+from api.models.engine import db
+
+from . import run_recovery
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RunWatcher", "StreamWatch", "run_watcher"]
+
+EXTENSION_KEY = "run_watcher"
+#: Runs one query reads.
+_CHUNK = 500
+_CREATE = threading.Lock()
+
+
+class StreamWatch:
+    """One open stream of a run, as the watcher sees it."""
+
+    __slots__ = ("final", "live_only", "run_id", "subscription")
+
+    def __init__(self, run_id: str, subscription: EventSubscription, live_only: bool) -> None:
+        self.run_id = run_id
+        self.subscription = subscription
+        self.live_only = live_only
+        self.final: dict[str, Any] | None = None
+
+    def final_event(self) -> dict[str, Any] | None:
+        """The event the watcher ended the stream with, if it did."""
+        return self.final
+
+    def end(self, final: dict[str, Any]) -> None:
+        self.final = final
+        self.subscription.close()  # wakes the stream, which then sends ``final``
+
+
+class RunWatcher:
+    """The runs read by this process's open streams, checked together once per ``interval``."""
+
+    def __init__(self, app: Flask, *, interval: float, grace: float) -> None:
+        self._app = app
+        self._interval, self._grace = interval, grace
+        self._lock = threading.Lock()
+        self._streams: dict[str, set[StreamWatch]] = {}
+        self._pending_since: dict[str, float] = {}
+        self._thread: threading.Thread | None = None
+
+    @property
+    def interval(self) -> float:
+        return self._interval
+
+    def watch(self, run_id: str, subscription: EventSubscription, *, live_only: bool) -> StreamWatch:
+        """Watch ``run_id`` for one more stream (reading ``subscription``) until :meth:`unwatch`."""
+        watch = StreamWatch(run_id, subscription, live_only)
+        with self._lock:
+            self._streams.setdefault(run_id, set()).add(watch)
+            if self._thread is None or not self._thread.is_alive():  # none yet, stopped, or not forked
+                self._thread = threading.Thread(target=self._run, name="run-watcher", daemon=True)
+                self._thread.start()
+        return watch
+
+    def unwatch(self, watch: StreamWatch) -> None:
+        with self._lock:
+            streams = self._streams.get(watch.run_id)
+            if streams is None:
+                return
+            streams.discard(watch)
+            if not streams:
+                del self._streams[watch.run_id]
+                self._pending_since.pop(watch.run_id, None)
+
+    def watched(self) -> int:
+        """How many runs are watched (for tests and diagnostics)."""
+        with self._lock:
+            return len(self._streams)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self._interval)
+            with self._lock:
+                if not self._streams:
+                    self._thread = None  # the next watch() starts another
+                    return
+            self.check()
+
+    def check(self) -> None:
+        """One pass over every watched run; never raises (the next pass tries again)."""
+        with self._lock:
+            run_ids = list(self._streams)
+        with self._app.app_context():
+            try:
+                for start in range(0, len(run_ids), _CHUNK):
+                    self._check(run_ids[start : start + _CHUNK])
+            except Exception:  # the database is away: the streams go on, and the next pass tries again
+                logger.warning("could not check the runs of open event streams", exc_info=True)
+                db.session.rollback()
+            finally:
+                db.session.remove()
+
+    def _check(self, run_ids: Sequence[str]) -> None:
+        rows = db.session.execute(
+            select(WorkflowRun, App).join(App, App.id == WorkflowRun.app_id).where(WorkflowRun.id.in_(run_ids))
+        ).all()
+        for run, app in rows:
+            try:
+                run_recovery.check_run(app, run)
+            except Exception:  # one run's trouble must not stop the pass
+                logger.warning("could not check run %s while streaming it", run.id, exc_info=True)
+                db.session.rollback()
+                continue
+            self._settle(run, time.monotonic())
+        db.session.commit()  # end the read transaction: the next pass must see fresh rows
+
+    def _settle(self, run: WorkflowRun, now: float) -> None:
+        """End the streams of ``run`` that will not get its end from the topic."""
+        terminal = run.run_status.is_terminal
+        with self._lock:
+            watches = list(self._streams.get(run.id, ()))
+            ending = [watch for watch in watches if watch.live_only] if terminal else []
+            if not terminal or run.stream_ended or len(ending) == len(watches):
+                self._pending_since.pop(run.id, None)
+            elif now - self._pending_since.setdefault(run.id, now) >= self._grace:
+                ending = watches
+        if ending:
+            final = run_recovery.finished_event_of(run)
+            for watch in ending:
+                watch.end(final)
+
+
+def run_watcher() -> RunWatcher:
+    """The watcher of the current app, made on first use."""
+    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+    watcher: RunWatcher | None = app.extensions.get(EXTENSION_KEY)
+    if watcher is None:
+        with _CREATE:
+            watcher = app.extensions.get(EXTENSION_KEY)
+            if watcher is None:
+                config: AppConfig = app.config["APP_CONFIG"]
+                interval = max(0.5, config.WORKFLOW_LEASE_TTL / 3)
+                watcher = RunWatcher(app, interval=interval, grace=config.WORKFLOW_END_RETRY_DEADLINE + interval)
+                app.extensions[EXTENSION_KEY] = watcher
+    return watcher
