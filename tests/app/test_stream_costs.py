@@ -210,3 +210,49 @@ def test_the_watcher_ends_live_only_streams_at_once_and_durable_ones_after_the_g
         watcher.unwatch(live_watch)
         watcher.unwatch(durable_watch)
     assert watcher.watched() == 0
+
+
+def test_open_streams_hold_no_database_connection(harness: AppHarness) -> None:
+    """More open streams than the app's pool has connections, and the next request is still served at once.
+
+    An open stream must not keep a pooled database connection: with 5 + 10 connections per worker, a
+    stream that held one would make the 16th concurrent stream, and every later request, wait for the
+    pool. (The run checks are the process's run watcher's, one query per pass.)
+    """
+    key = harness.create_app()["api_key"]
+    paused = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Eve", "mood": "formal"}, "user": "u9"}).json
+    assert paused["data"]["status"] == "paused"
+    path = f"/v1/workflow/{paused['task_id']}/events?user=u9&continue_on_pause=true"
+    began = threading.Semaphore(0)
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def hold_a_stream() -> None:  # each in its own thread: a request context per stream, as in a server
+        try:
+            response = harness.client.get(path, headers={"Authorization": f"Bearer {key}"}, buffered=False)
+            try:
+                assert response.status_code == 200
+                next(iter(response.response))  # the stream has begun: its first ping is out
+                began.release()
+                done.wait(30)
+            finally:
+                response.close()
+        except BaseException as exc:
+            failures.append(exc)
+            began.release()
+
+    threads = [threading.Thread(target=hold_a_stream) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in threads:
+            assert began.acquire(timeout=30)
+        assert failures == []
+        with harness.app.app_context():
+            assert db.engine.pool.checkedout() <= 1, db.engine.pool.status()
+        detail = harness.get(f"/v1/workflows/run/{paused['workflow_run_id']}?user=u9", key)
+        assert detail.status_code == 200
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(30)
