@@ -20,6 +20,7 @@ import pytest
 
 from api.core.durable_stream import (
     CLOSED,
+    CursorUnavailableError,
     DurableStreamBackend,
     DurableStreamUnavailableError,
     connect,
@@ -271,3 +272,22 @@ def test_the_shared_old_server_is_refused() -> None:
         pytest.skip(f"the shared server is {version}, not older than the minimum")
     with pytest.raises(DurableStreamUnavailableError, match="too old"):
         connect("nats://127.0.0.1:4222", stream="NEVER_CREATED", subject_prefix="never.created")
+
+
+def test_a_reader_past_the_old_incarnations_records_learns_of_the_new_one(open_nats: Any) -> None:
+    """Found by the stateful model: a reader that had read records 1-3, after the topic was deleted and
+    re-created with records 1-4, met the new 1-3 after its position and retried until it gave up with
+    DurableStreamUnavailableError. A message stored after the reader's position with an ordinal it has
+    passed proves a new incarnation: the reader gets CursorUnavailableError, as on every adapter."""
+    backend = open_nats(buffer_size=3)
+    name = f"recreated-{uuid.uuid4().hex}"
+    topic = backend.topic(name)
+    for index in range(3):
+        topic.append(f"old-{index}".encode())
+    with topic.subscribe_from_beginning() as subscription:
+        assert [r.payload for r in drain(subscription, 3)] == [b"old-0", b"old-1", b"old-2"]
+        backend.admin.delete_topic(name)
+        for index in range(4):
+            topic.append(f"new-{index}".encode())
+        with pytest.raises(CursorUnavailableError):
+            subscription.receive(timeout=5)

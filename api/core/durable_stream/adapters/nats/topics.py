@@ -231,6 +231,16 @@ class TopicStore:
                 continue
             if exact.first > after.ordinal + 1:
                 return Batch(head=exact, records=())  # removed by retention: the reader reports the gap
+            if (
+                messages
+                and previous is not None
+                and messages[0].seq > previous
+                and messages[0].ordinal <= after.ordinal
+            ):
+                # A message stored after the reader's position with an ordinal the reader has passed:
+                # the topic was deleted and re-created after the reader's last record. The head
+                # carries the new incarnation's epoch; the engine tells the reader.
+                return Batch(head=exact, records=())
             if js.replicated:
                 # A follower that has not applied the newest messages yet may have answered the
                 # batch (the head comes from the leader): ask again shortly.
