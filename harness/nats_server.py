@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+from harness.processes import die_with_parent, end_server
 from harness.redis_server import free_port
 
 __all__ = ["NatsCluster", "NatsServer", "nats_server_binary", "private_nats_server"]
@@ -37,14 +38,6 @@ def nats_server_binary() -> str:
     if beside.exists():
         return str(beside)
     return shutil.which("nats-server") or "nats-server"
-
-
-def _die_with_parent() -> None:
-    import ctypes
-    import signal
-
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _answers(port: int, timeout: float = 0.2) -> bool:
@@ -117,7 +110,7 @@ class NatsServer:
             [self.binary, "-c", str(config), "-l", str(self.log_file)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         deadline = time.monotonic() + timeout
         while not (_answers(self.port) and "Server is ready" in self.log_tail(100_000)):
@@ -135,14 +128,7 @@ class NatsServer:
 
     def _wait_gone(self, timeout: float) -> None:
         assert self.process is not None
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=timeout)
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        deadline = time.monotonic() + timeout
-        while _answers(self.port) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        end_server(self.process, lambda: _answers(self.port), timeout)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, sockets reset by the kernel."""
@@ -204,7 +190,7 @@ class NatsCluster:
                     [server.binary, "-c", str(server._config()), "-l", str(server.log_file)],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 )
             deadline = time.monotonic() + timeout
             while not all(_answers(s.port) for s in self.servers) or not any(

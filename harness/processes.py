@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -25,6 +25,27 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` of a server child: SIGKILL it when the test process dies (``PR_SET_PDEATHSIG``),
+    so an interrupted run leaves no server behind."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def end_server(process: subprocess.Popen[bytes], still_answers: Callable[[], bool], timeout: float) -> None:
+    """Wait for a server told to stop (SIGKILL it after ``timeout``), then until its port stops answering."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=timeout)
+    if process.poll() is None:
+        process.kill()
+        process.wait(timeout=10)
+    deadline = time.monotonic() + timeout
+    while still_answers() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def process_env(overrides: Mapping[str, str]) -> dict[str, str]:

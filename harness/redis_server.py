@@ -11,22 +11,21 @@ The shared server at 127.0.0.1:6379 is never started, stopped or reconfigured he
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import pathlib
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 
+from harness.processes import die_with_parent, end_server
+
 __all__ = ["RedisClusterProcess", "RedisServer", "free_port", "redis_available"]
 
 REDIS_SERVER = shutil.which("redis-server") or "redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "redis-cli"
-_PR_SET_PDEATHSIG = 1
 
 
 def redis_available() -> bool:
@@ -53,11 +52,6 @@ def free_port(*, bus: bool = False) -> int:
         if port + 10000 < 65536 and _port_free(port + 10000):
             return port
     raise RuntimeError("no free port pair found")
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _ping(port: int, timeout: float = 0.2) -> bytes | None:
@@ -124,7 +118,7 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         assert self.process is None or self.process.poll() is not None, "already running"
         self.process = subprocess.Popen(
-            self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent
+            self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent
         )
         deadline = time.monotonic() + timeout
         while True:
@@ -144,14 +138,7 @@ class RedisServer:
 
     def _wait_gone(self, timeout: float) -> None:
         assert self.process is not None
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=timeout)
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        deadline = time.monotonic() + timeout
-        while _ping(self.port) is not None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        end_server(self.process, lambda: _ping(self.port) is not None, timeout)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown save, sockets reset by the kernel."""
