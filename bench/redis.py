@@ -48,6 +48,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from bench.common import cpu_model, percentile
+
 PAYLOAD_SIZE = 200
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -59,13 +61,6 @@ def _payload(stamp_ns: int) -> bytes:
 
 def _stamp(payload: bytes) -> int:
     return int(struct.unpack_from(">q", payload)[0])
-
-
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 @contextlib.contextmanager
@@ -333,7 +328,7 @@ def bench_latency(url: str, count: int, rate: float, rounds: int) -> dict[str, A
             raw += measure_raw()
         result[f"{layout}samples_each"] = len(ours)
         for name, fraction in (("p50", 0.5), ("p99", 0.99)):
-            ours_ms, raw_ms = _percentile(ours, fraction), _percentile(raw, fraction)
+            ours_ms, raw_ms = percentile(ours, fraction), percentile(raw, fraction)
             result[f"{layout}ours_{name}_ms"] = round(ours_ms, 3)
             result[f"{layout}raw_xread_{name}_ms"] = round(raw_ms, 3)
             result[f"{layout}{name}_ratio"] = round(ours_ms / raw_ms, 3)
@@ -401,10 +396,10 @@ def bench_broadcast(url: str, count: int, rounds: int, samples: int, rate: float
         "raw_xadd_per_s": round(raw_rate),
         "publish_ratio": round(publish_rate / raw_rate, 3),
         "samples": len(latencies),
-        "p50_ms": round(_percentile(latencies, 0.5), 3),
-        "p99_ms": round(_percentile(latencies, 0.99), 3),
-        "raw_xread_p50_ms": round(_percentile(raw_latencies, 0.5), 3),
-        "raw_xread_p99_ms": round(_percentile(raw_latencies, 0.99), 3),
+        "p50_ms": round(percentile(latencies, 0.5), 3),
+        "p99_ms": round(percentile(latencies, 0.99), 3),
+        "raw_xread_p50_ms": round(percentile(raw_latencies, 0.5), 3),
+        "raw_xread_p99_ms": round(percentile(raw_latencies, 0.99), 3),
         "catchup": "not applicable: live-only, nothing is retained for a new subscription",
     }
 
@@ -691,9 +686,9 @@ def fanout_consumer(
         json.dumps(
             {
                 "deliveries": len(latencies),
-                "p50_ms": round(_percentile(latencies, 0.5), 3),
-                "p99_ms": round(_percentile(latencies, 0.99), 3),
-                "p999_ms": round(_percentile(latencies, 0.999), 3),
+                "p50_ms": round(percentile(latencies, 0.5), 3),
+                "p99_ms": round(percentile(latencies, 0.99), 3),
+                "p999_ms": round(percentile(latencies, 0.999), 3),
                 "max_ms": round(max(latencies, default=float("nan")), 3),
                 "rss_peak": rss_peak[0],
                 "connections": connections,
@@ -710,12 +705,7 @@ def fanout_consumer(
 
 
 def _machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError):
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_model()
     import redis
 
     return {

@@ -53,7 +53,8 @@ from harness.processes import ROOT, process_env
 from harness.redis_server import RedisServer
 from harness.served_stack import ServedStack
 
-from .soak.report import machine, percentile
+from .common import percentile
+from .soak.report import machine
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 IMAGES = ROOT / "docs" / "images"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import json
@@ -12,6 +11,8 @@ import platform
 import shutil
 import subprocess
 from typing import Any
+
+from bench.common import cpu_model
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
 
@@ -68,20 +69,8 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError):
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_model()
     return {
         "nproc": os.cpu_count(),
         "cpu": cpu,

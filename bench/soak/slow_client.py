@@ -30,12 +30,13 @@ from typing import Any
 
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import connect
+from bench.common import percentile
 from harness.processes import ROOT, process_env
 from harness.served_stack import ServedStack
 from harness.sse import parse_sse
 from harness.sse_client import Connection, read_run
 
-from .report import Table, percentile
+from .report import Table
 from .services import Services, stream_store
 from .stack import server_problems, soak_env, stored_events
 from .workflows import streaming_workflow
