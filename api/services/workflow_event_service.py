@@ -85,6 +85,9 @@ def run_streaming(app: App, run: WorkflowRun) -> EventStream:
     except DurableStreamError as exc:
         runs.abandon(run, f"the event stream was unavailable: {exc}")
         raise ServiceUnavailableError(f"the event stream is unavailable: {exc}") from exc
+    except ServiceUnavailableError as exc:  # e.g. event_stream_busy: answered 503 as it is, never dispatched
+        runs.abandon(run, f"the event stream could not be opened: {exc}")
+        raise
     try:
         runs.dispatch(run)
     except BaseException:

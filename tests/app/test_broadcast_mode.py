@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 import requests
+import sqlalchemy
 
 from harness.app_env import base_env
 from harness.served_stack import ServedStack
@@ -94,6 +95,23 @@ def test_an_exhausted_redis_pool_is_503_busy_and_the_other_clients_go_on(tmp_pat
         assert busy.status_code == 503, busy.text
         assert busy.json()["code"] == "event_stream_busy" and busy.json()["status"] == 503
         assert busy.headers["Retry-After"] == "1"
+        # A streaming run refused the same way is failed at once, not left queued for the start deadline.
+        refused = requests.post(
+            f"{url}/v1/workflows/run",
+            json={"inputs": {"name": "Fy"}, "user": "u1", "response_mode": "streaming"},
+            headers=auth,
+            timeout=10,
+        )
+        assert refused.status_code == 503 and refused.json()["code"] == "event_stream_busy", refused.text
+        engine = sqlalchemy.create_engine(env["SQLALCHEMY_DATABASE_URI"])
+        try:
+            with engine.connect() as connection:
+                status, error = connection.execute(
+                    sqlalchemy.text("SELECT status, error FROM workflow_runs WHERE inputs_json LIKE '%Fy%'")
+                ).one()
+        finally:
+            engine.dispose()
+        assert status == "failed" and "could not be opened" in error
 
         # The two streams that hold the pool's connections still follow the run to its end ...
         for holder in holders:
