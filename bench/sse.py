@@ -49,6 +49,7 @@ import psutil
 import requests
 
 from harness.app_env import base_env
+from harness.postgres_server import PostgresServer
 from harness.processes import ROOT, process_env
 from harness.redis_server import RedisServer
 from harness.served_stack import ServedStack
@@ -99,10 +100,15 @@ def raise_open_files() -> int:
 
 
 def stack_env(
-    var_dir: pathlib.Path, redis: RedisServer, mode: str, clients: int, extra: dict[str, str] | None = None
+    var_dir: pathlib.Path,
+    redis: RedisServer,
+    mode: str,
+    clients: int,
+    extra: dict[str, str] | None = None,
+    stream_url: str | None = None,
 ) -> dict[str, str]:
     settings: dict[str, Any] = {
-        "DURABLE_STREAM_URL": f"redis://127.0.0.1:{redis.port}/0",
+        "DURABLE_STREAM_URL": stream_url or f"redis://127.0.0.1:{redis.port}/0",
         "REDIS_URL": f"redis://127.0.0.1:{redis.port}/0",
         # Every broadcast stream holds a connection of the worker's pool: size it for all of them.
         "REDIS_MAX_CONNECTIONS": clients + 100,
@@ -246,6 +252,7 @@ def measure(
     load_processes: int = 4,
     lockstep: bool = False,
     profile_dir: pathlib.Path | None = None,
+    streams: str = "redis",
     directory: pathlib.Path | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -254,7 +261,12 @@ def measure(
     with contextlib.ExitStack() as stack:
         tmp = directory or pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sse-")))
         redis = stack.enter_context(RedisServer(extra=["--maxclients", str(clients * 2 + 1000)]))
-        env = stack_env(tmp / "var", redis, mode, clients, extra_env)
+        stream_url = None
+        if streams == "postgres":
+            stream_url = stack.enter_context(PostgresServer()).url
+        elif streams == "sqlite":
+            stream_url = f"sqlite:///{tmp / 'streams.db'}"
+        env = stack_env(tmp / "var", redis, mode, clients, extra_env, stream_url)
         if profile_dir is not None:
             env["PROFILE_WORKER_DIR"] = str(profile_dir / f"{mode}-{clients}")
         served = stack.enter_context(
@@ -338,6 +350,7 @@ def measure(
         }
         return {
             "mode": mode,
+            "streams": streams if mode == "durable" else "redis pub/sub",
             "clients": clients,
             "runs": runs,
             "tokens": tokens,
@@ -376,10 +389,12 @@ def measure(
 COLUMNS = (
     ("clients", "clients"),
     ("mode", "mode"),
+    ("streams", "streams"),
     ("p50 ms", "p50_ms"),
     ("p99 ms", "p99_ms"),
     ("max ms", "max_ms"),
     ("CPU µs/delivery", "cpu_us_per_delivery"),
+    ("CPU µs/probe", "cpu_us_per_probe"),
     ("worker CPU", "worker_cpu_share_streaming"),
     ("RSS/conn KB", "rss_per_connection_kb"),
     ("Redis conns (worker)", "redis"),
@@ -394,6 +409,8 @@ def _cells(row: dict[str, Any]) -> list[str]:
     if "failed" in row:
         return [str(row["clients"]), row["mode"], f"failed: {row['failed']}"] + [""] * (len(COLUMNS) - 3)
     values = {
+        "streams": "redis" if row["mode"] == "durable" else "redis pub/sub",
+        "cpu_us_per_probe": "",
         **row,
         "redis": f"{row['redis_connections']} ({row['redis_connections_worker']})",
         "deliveries": f"{row['received']:,}/{row['expected']:,}",
@@ -485,6 +502,12 @@ def main(argv: list[str] | None = None) -> None:
         metavar="DIR",
         help="cProfile the API worker in 20 s windows into DIR (tools/profile_worker_conf.py); slows it down",
     )
+    parser.add_argument(
+        "--streams",
+        choices=("redis", "postgres", "sqlite"),
+        default="redis",
+        help="the durable mode's stream store: the private Redis, a private PostgreSQL, or an SQLite file",
+    )
     parser.add_argument("--no-charts", action="store_true")
     parser.add_argument("--tag", default="", help="suffix of the results file (sse-<date>-<tag>.json)")
     args = parser.parse_args(argv)
@@ -519,6 +542,7 @@ def main(argv: list[str] | None = None) -> None:
                         idle_seconds=idle,
                         lockstep=args.lockstep,
                         profile_dir=args.profile_worker,
+                        streams=args.streams,
                         load_processes=args.load_processes,
                         extra_env=extra_env,
                     )
