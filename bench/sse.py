@@ -128,6 +128,16 @@ def stack_env(
     return base_env(var_dir, **settings)
 
 
+def request_snapshot(directory: pathlib.Path, name: str, timeout: float = 120) -> None:
+    """Have the profiled worker write ``<directory>/<name>.snapshot`` (tools/profile_worker_conf.py)."""
+    (directory / f"{name}.request").touch()
+    deadline = time.monotonic() + timeout
+    while (directory / f"{name}.request").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the worker wrote no {name} snapshot")
+        time.sleep(0.2)
+
+
 def _post(url: str, path: str, key: str, body: dict[str, Any]) -> requests.Response:
     return requests.post(f"{url}{path}", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
 
@@ -290,6 +300,9 @@ def measure(
         started = start_paused_runs(url, key, runs)
         task_ids = [started[index % runs][0] for index in range(clients)]
 
+        snapshots = env.get("PROFILE_WORKER_DIR") if env.get("PROFILE_WORKER_TRACEMALLOC") else None
+        if snapshots:
+            request_snapshot(pathlib.Path(snapshots), "before")
         rss_before = worker.memory_info().rss
         stream_seconds = tokens / rate
         job = {
@@ -311,6 +324,8 @@ def measure(
         # Idle: every client waits on a paused run.
         time.sleep(1.0)
         rss_connected = worker.memory_info().rss
+        if snapshots:
+            request_snapshot(pathlib.Path(snapshots), "connected")
         redis_total, redis_worker = redis_connections(redis, worker.pid)
         idle_cpu_before, idle_wall_before = _cpu(worker), time.monotonic()
         time.sleep(idle_seconds)
