@@ -133,7 +133,9 @@ export class SseParser {
     this.onMessage = onMessage;
     this.onRetry = onRetry || (() => {});
     /** @type {string} */ this.lastEventId = lastEventId;
-    this._decoder = new TextDecoder("utf-8");
+    // The BOM is dropped below, once, whether the stream comes as bytes or as text.
+    this._decoder = new TextDecoder("utf-8", { ignoreBOM: true });
+    this._started = false;
     this._line = "";
     this._skipLF = false;
     this._data = "";
@@ -157,6 +159,10 @@ export class SseParser {
 
   /** @param {string} text */
   _feed(text) {
+    if (!this._started && text.length > 0) {
+      this._started = true;
+      if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
+    }
     let start = 0;
     if (this._skipLF && text.length > 0) {
       if (text.charCodeAt(0) === 10) start = 1;
@@ -386,7 +392,7 @@ export class RunStream {
         const budget = this.options.maxRetries ?? 8;
         if (failures > budget) {
           this._setState("failed");
-          throw new RetryBudgetExceededError(failures - 1, error.cause || error.reason);
+          throw new RetryBudgetExceededError(failures, error.cause || error.reason);
         }
         const cap = this.options.maxDelayMs ?? 10000;
         const backoff = Math.min(cap, this._retryMs * 2 ** (failures - 1));
