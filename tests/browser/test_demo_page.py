@@ -18,8 +18,11 @@ from typing import Any
 import psutil
 import pytest
 from playwright.sync_api import Page
+from sqlalchemy import select
 
 from api.controllers.browser import MODULE_PATH
+from api.models import App
+from api.models.engine import db
 from harness.app_env import base_env
 from harness.served_stack import GunicornServer, ServedStack
 from harness.tcp_relay import TcpRelay, http_response
@@ -133,13 +136,16 @@ def test_the_demo_survives_three_cuts_and_renders_the_stored_run_exactly(
 
 # Runs in the page: follow or start a run with the module and report how it ended.
 SETTLE = """
-async ([modulePath, call, options]) => {
+async ([modulePath, call, { dropAfter = [], ...options }]) => {
   const module = await import(modulePath);
   const reconnects = [];
   const events = [];
   const stream = module[call]({
     ...options,
-    onEvent: (event, meta) => events.push([meta.id, event]),
+    onEvent: (event, meta) => {
+      events.push([meta.id, event]);
+      if (dropAfter.includes(events.length)) setTimeout(() => stream.drop(), 0);
+    },
     onReconnect: (info) => reconnects.push({ reason: info.reason, delayMs: info.delayMs, attempt: info.attempt }),
   });
   try {
@@ -154,6 +160,15 @@ async ([modulePath, call, options]) => {
   }
 }
 """
+
+
+def site_code(stack: ServedStack, key: str) -> str:
+    with stack.app.app_context():
+        try:
+            code: str = db.session.execute(select(App.site_code).where(App.api_key == key)).scalar_one()
+            return code
+        finally:
+            db.session.remove()
 
 
 def settle(page: Page, call: str, **options: Any) -> dict[str, Any]:
@@ -202,3 +217,20 @@ def test_errors_are_typed_and_retries_honour_retry_after(page: Page, stack: Serv
     assert gone["error"]["name"] == "RunGoneError" and gone["error"]["code"] == "resume_cursor_expired"
     assert gone["error"]["run"]["id"] == run["runId"] and gone["error"]["run"]["status"] == "succeeded"
     assert gone["events"] == []
+
+
+def test_the_web_app_flavour_follows_a_run_with_a_passport(page: Page, stack: ServedStack, relay: TcpRelay) -> None:
+    key = stack.create_app(slow_greeting(delay=0.005, tokens=200))
+    page.goto(f"{relay.url}/demo")
+    passport = page.evaluate(
+        "async ([path, siteCode]) => (await (await import(path)).fetchPassport({ siteCode })).access_token",
+        [MODULE_PATH, site_code(stack, key)],
+    )
+    run = settle(page, "streamRun", passport=passport, inputs={"name": "Ada"}, dropAfter=[10, 80])
+    assert run["status"] == "finished", run.get("error")
+    assert [info["reason"] for info in run["reconnects"]] == ["dropped", "dropped"]
+    stored = stored_events(stack, run["runId"])
+    assert [event for _, event in run["events"]] == [event for _, event in stored]
+    assert open_tokens(stack, run["runId"], [token for token, _ in run["events"]]) == [cursor for cursor, _ in stored]
+    row = stack.run_row(run["runId"])
+    assert row is not None and row["end_user"].startswith("web-")

@@ -557,7 +557,7 @@ export class RunStream {
       const body = JSON.parse(message.data);
       const status = Number(body.status) || 500;
       if (status === 410) return new RunGoneError(410, body, body.run || null);
-      if (status >= 500) return new Reconnect("stream-error", httpError(status, body));
+      if (status >= 500 || status === 429) return new Reconnect("stream-error", httpError(status, body));
       return httpError(status, body);
     }
     if (message.event !== "message") return null; // a notice this version does not know
