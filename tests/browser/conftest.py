@@ -34,7 +34,8 @@ CHROMIUM_ARGS = [
 MODULE_PATH = "/static/durable-workflow/resumable-events.js"
 
 
-@pytest.fixture(scope="session")
+# Per module, so that Playwright's event loop is gone before any other test module runs.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium package")

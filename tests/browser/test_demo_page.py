@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 from playwright.sync_api import Page
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from sqlalchemy import select
 
 from api.controllers.browser import MODULE_PATH
@@ -32,7 +33,8 @@ from tests.browser.conftest import open_tokens, stored_events, trim_topic
 #: Long enough an LLM stream (4 s or more) for three cuts (about 1.5 s in all), each followed by more of it.
 TOKENS = 400
 TOKEN_DELAY = 0.01
-WAIT_MS = 20_000
+#: A deadline, not a pause: on a loaded 2-core machine the 400 tokens alone can take 15 s.
+WAIT_MS = 60_000
 
 
 @pytest.fixture(scope="module")
@@ -54,17 +56,30 @@ def rendered_count(page: Page) -> int:
     return count
 
 
+def page_state(page: Page) -> str:
+    """What the page shows, for a failure message."""
+    notes = page.eval_on_selector_all("#notes li", "rows => rows.map(r => r.textContent)")
+    return (
+        f"state={page.text_content('#state')} events={rendered_count(page)} "
+        f"reconnects={page.text_content('#reconnects')} notes={notes}"
+    )
+
+
+def wait_in_page(page: Page, condition: str, arg: Any, what: str) -> None:
+    try:
+        page.wait_for_function(condition, arg=arg, timeout=WAIT_MS)
+    except PlaywrightTimeoutError:
+        raise AssertionError(f"timed out after {WAIT_MS} ms waiting for {what}; {page_state(page)}") from None
+
+
 def wait_for_events(page: Page, at_least: int) -> int:
-    page.wait_for_function("n => document.querySelectorAll('#events li').length >= n", arg=at_least, timeout=WAIT_MS)
+    wait_in_page(page, "n => document.querySelectorAll('#events li').length >= n", at_least, f"{at_least} events")
     return rendered_count(page)
 
 
 def wait_for_text(page: Page, selector: str, text: str) -> None:
-    page.wait_for_function(
-        "([selector, text]) => document.querySelector(selector).textContent === text",
-        arg=[selector, text],
-        timeout=WAIT_MS,
-    )
+    condition = "([selector, text]) => document.querySelector(selector).textContent === text"
+    wait_in_page(page, condition, [selector, text], f"{selector} to read {text!r}")
 
 
 def worker_holding(server: GunicornServer, client_ports: list[int]) -> int:

@@ -15,6 +15,8 @@ import pytest
 import requests
 from playwright.sync_api import Page
 
+from api.app_factory import create_app
+from api.configs import AppConfig
 from api.controllers.browser import MODULE_PATH
 from harness.app_env import base_env
 from harness.served_stack import GunicornServer
@@ -218,3 +220,35 @@ def test_the_demo_is_a_404_page_in_the_browser_too(module_page: Page, production
     response = module_page.goto(f"{production_server.url}/demo")
     assert response is not None and response.status == 404
     assert "DEMO_PAGE_ENABLED" in module_page.content()
+
+
+@pytest.mark.parametrize(
+    ("settings", "served"),
+    [
+        ({}, True),  # make run: the built-in development SECRET_KEY
+        ({"DEMO_PAGE_ENABLED": "false"}, False),
+        ({"SECRET_KEY": "a-deployment-secret"}, False),
+        ({"SECRET_KEY": "a-deployment-secret", "DEMO_PAGE_ENABLED": "true"}, True),
+    ],
+)
+def test_the_demo_default_is_on_only_with_the_development_secret(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, settings: dict[str, str], served: bool
+) -> None:
+    for name in ("SECRET_KEY", "DEMO_PAGE_ENABLED"):
+        monkeypatch.delenv(name, raising=False)
+    config = AppConfig(VAR_DIR=tmp_path, **settings)  # type: ignore[arg-type]
+    assert config.demo_page_enabled() is served
+    app = create_app(config)
+
+    def status(path: str) -> int:
+        with app.test_client().get(path) as response:  # a file response holds its file until closed
+            return response.status_code
+
+    try:
+        assert status("/demo") == (200 if served else 404)
+        assert status("/demo/demo.js") == (200 if served else 404)
+        assert status("/demo/index.html") == 404  # only the listed assets
+        assert status(MODULE_PATH) == 200
+    finally:
+        with app.app_context():
+            app.extensions["durable_stream"].close()
