@@ -31,7 +31,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-MODULE_PATH = "/static/durable-workflow/resumable-events.js"
 
 
 # Per module, so that Playwright's event loop is gone before any other test module runs.

@@ -32,7 +32,7 @@ DEMO_HEADERS = {
     "Cache-Control": "no-cache",
 }
 
-bp = Blueprint("browser", __name__, static_folder="static", static_url_path="/static/durable-workflow")
+bp = Blueprint("browser", __name__, static_folder="static", static_url_path=MODULE_PATH.rsplit("/", 1)[0])
 
 
 def _require_demo() -> None:

@@ -158,7 +158,7 @@ async function settle(stream) {
       $("pause").hidden = false;
       note("the run is paused: fill in the form to resume it");
     } else {
-      note(`the run ended: ${outcome.event.data.status}`);
+      note(`the run ended: ${/** @type {any} */ (outcome.event.data || {}).status}`);
     }
   } catch (error) {
     const err = /** @type {any} */ (error);
