@@ -45,17 +45,27 @@ def slow_greeting(delay: float, tokens: int) -> dict[str, Any]:
     return definition
 
 
+def failing_greeting() -> dict[str, Any]:
+    """The greeting app whose model fails after three words."""
+    definition = slow_greeting(0.001, 20)
+    definition["name"] = "Failing greeting"
+    definition["graph"]["nodes"][1].update({"error_after_tokens": 3, "error": "the model failed on purpose"})
+    return definition
+
+
 class Sdk:
     """The stack, its apps, and what the tests check against: the events as stored and the run rows."""
 
     def __init__(self, stack: ServedStack, store: RedisServer) -> None:
         self.stack = stack
         self.store = store
-        #: API keys by app: ``greeting`` (pauses with mood "formal"), ``slow`` (~0.6 s of text), ``long`` (~3 s).
+        #: API keys by app: ``greeting`` (pauses with mood "formal"), ``slow`` (~0.6 s of text), ``long`` (~3 s),
+        #: ``failing`` (its model fails).
         self.keys = {
             "greeting": stack.create_app(GREETING),
             "slow": stack.create_app(slow_greeting(0.004, 150)),
             "long": stack.create_app(slow_greeting(0.01, 300)),
+            "failing": stack.create_app(failing_greeting()),
         }
         with stack.app.app_context():
             codes = {app.api_key: app.site_code for app in db.session.execute(select(App)).scalars()}
