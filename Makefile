@@ -8,16 +8,18 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The Python client (sdk/python) is a package of its own; the tests and the lint use it from here.
+$(STAMP): pyproject.toml sdk/python/pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) is required"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e sdk/python
 	touch $(STAMP)
 
 lint: install
-	$(BIN)/ruff check api tests bench harness tools
-	$(BIN)/ruff format --check api tests bench harness tools
+	$(BIN)/ruff check api tests bench harness tools sdk
+	$(BIN)/ruff format --check api tests bench harness tools sdk
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
