@@ -115,7 +115,9 @@ class TcpRelay:
     def close(self) -> None:
         self._closed.set()
         with contextlib.suppress(OSError):
-            self._listener.close()
+            # Wakes the accept() in the relay's thread; close() alone would leave it blocked.
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
         self.cut_all("fin")
         if self._thread.is_alive():
             self._thread.join(timeout=5)
