@@ -8,11 +8,13 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The Python client (sdk/python) is a package of its own; the tests and the lint use it from here.
+$(STAMP): pyproject.toml sdk/python/pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) is required"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e sdk/python
 	touch $(STAMP)
 
 # Debian's chromium for the browser tests (tests/browser), which Playwright drives by its path:
@@ -25,8 +27,8 @@ chromium:
 	@test -x $(CHROMIUM) || { echo "$(CHROMIUM) is still missing: install Debian's chromium package"; exit 1; }
 
 lint: install
-	$(BIN)/ruff check api tests bench harness tools
-	$(BIN)/ruff format --check api tests bench harness tools
+	$(BIN)/ruff check api tests bench harness tools sdk
+	$(BIN)/ruff format --check api tests bench harness tools sdk
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 

@@ -47,7 +47,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedStack]:
 
 @pytest.fixture(scope="module")
 def relay(stack: ServedStack) -> Iterator[TcpRelay]:
-    with TcpRelay(("127.0.0.1", stack.servers[0].port)) as relay:
+    with TcpRelay([("127.0.0.1", stack.servers[0].port)]) as relay:
         yield relay
 
 
