@@ -14,7 +14,10 @@ from api.models.model import new_api_key, new_id
 from api.services import validation
 
 
-@pytest.mark.parametrize("user", ["u", " padded ", "é" * 255, "中文 user", "web-" + new_id()])
+# The generated user gets a fixed test id: pytest-xdist workers must collect the same names.
+@pytest.mark.parametrize(
+    "user", ["u", " padded ", "é" * 255, "中文 user", pytest.param("web-" + new_id(), id="web-new-id")]
+)
 def test_users_that_are_kept_as_given(user: str) -> None:
     assert validation.require_user(user) == user
 
