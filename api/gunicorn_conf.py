@@ -9,6 +9,9 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
   start-up (modules, the Flask app, SQLAlchemy metadata, settings) then live in the permanent
   generation and are no longer scanned by every full collection, which a worker holding thousands of
   streams otherwise runs over hundreds of thousands of objects, stalling every stream while it does.
+- With ``API_METRICS_BIND`` set, the master empties ``METRICS_DIR/api`` before any worker starts,
+  serves the workers' summed Prometheus metrics on that bind once ready, and drops a dead worker's
+  live gauges (see ``api.extensions.ext_metrics``).
 """
 
 from __future__ import annotations
@@ -27,3 +30,34 @@ def post_worker_init(worker: Any) -> None:
     gc.collect()
     gc.freeze()
     worker.log.info("gc.freeze(): %d start-up objects are no longer scanned by the cyclic GC", gc.get_freeze_count())
+
+
+def _metrics_config() -> Any:
+    from api.configs import AppConfig
+
+    config = AppConfig()
+    return config if config.API_METRICS_BIND else None
+
+
+def on_starting(server: Any) -> None:
+    config = _metrics_config()
+    if config is not None:
+        from api.extensions import ext_metrics
+
+        ext_metrics.prepare_directory(config, "api")
+
+
+def when_ready(server: Any) -> None:
+    config = _metrics_config()
+    if config is not None:
+        from api.extensions import ext_metrics
+
+        ext_metrics.serve(config, "api")
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    config = _metrics_config()
+    if config is not None:
+        from api.extensions import ext_metrics
+
+        ext_metrics.process_dead(config, "api", worker.pid)

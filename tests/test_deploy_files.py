@@ -27,3 +27,42 @@ def test_bin_run_and_compose_use_the_gunicorn_config() -> None:
     import api.gunicorn_conf as conf
 
     assert conf.worker_connections >= 10000 and callable(conf.post_worker_init)
+
+
+#: PromQL's own words, which a dashboard query may use besides metric and label names.
+PROMQL_WORDS = {
+    "sum", "by", "without", "rate", "increase", "irate", "histogram_quantile", "clamp_min", "clamp_max",
+    "avg", "max", "min", "count", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
+    "le", "topk", "bottomk", "abs", "delta", "deriv", "offset",
+}  # fmt: skip
+
+
+def test_every_dashboard_query_names_metrics_the_app_exports_with_their_labels() -> None:
+    import json
+
+    from api.libs.metrics import METRICS, exported_names
+
+    dashboard = json.loads((ROOT / "docker" / "grafana" / "dashboard.json").read_text())
+    exported = exported_names()
+    labels = {label for metric in METRICS for label in metric.labels}
+    expressions = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert len(expressions) >= 12
+    used: set[str] = set()
+    for expression in expressions:
+        # Strings ("expired"), durations ([5m]) and numbers (1e-9) are not names.
+        bare = re.sub(r'"[^"]*"|\[[^]]*\]|\b\d[\d.]*(?:e[-+]?\d+)?\b', "", expression)
+        words = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare))
+        metrics = {word for word in words if word not in PROMQL_WORDS and word not in labels}
+        assert metrics, f"{expression!r} names no metric"
+        assert metrics <= exported, f"{expression!r}: {metrics - exported} is not exported"
+        used |= metrics
+    wanted = {
+        "workflow_sse_streams_open",
+        "workflow_sse_resumes_total",
+        "workflow_event_delivery_lag_seconds_bucket",
+        "durable_stream_appends_total",
+        "durable_stream_unavailable_total",
+    }
+    assert wanted <= used, wanted - used
+    prometheus = (ROOT / "docker" / "prometheus" / "prometheus.yml").read_text()
+    assert "api:9101" in prometheus and "worker:9102" in prometheus

@@ -28,6 +28,7 @@ from api.core.durable_stream import DurableStreamError
 from api.core.workflow.engine import finished_event
 from api.core.workflow.events import make_event
 from api.extensions.ext_event_bus import event_transport
+from api.libs import metrics
 from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
@@ -112,6 +113,7 @@ def check_lease(app: App, run: WorkflowRun) -> bool:
         return False
     if not run_store.fail_if_lease_expired(run.id, LEASE_EXPIRED_ERROR):
         return False
+    metrics.REAPS.tally.add(("lease_expired",))
     logger.warning("run %s: its worker's lease expired; the run failed", run.id)
     db.session.refresh(run)
     repair_end(app, run)
@@ -128,6 +130,7 @@ def check_start_deadline(app: App, run: WorkflowRun) -> bool:
     error = f"no worker started the run within {timeout:g} s of queueing it"
     if not run_store.fail_if_not_started(run.id, error, time.time() - timeout):
         return False
+    metrics.REAPS.tally.add(("not_started",))
     logger.warning("run %s: %s; the run failed", run.id, error)
     db.session.refresh(run)
     repair_end(app, run)

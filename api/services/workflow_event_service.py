@@ -30,6 +30,7 @@ from api.core.app.apps.message_generator import (
 )
 from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, DurableStreamError, TopicCursor
 from api.extensions.ext_event_bus import event_transport
+from api.libs import metrics
 from api.libs.errors import GoneError, ServiceUnavailableError
 from api.models import App, WorkflowRun
 from api.models.engine import db
@@ -207,6 +208,8 @@ def _events(
     # The run's row is checked by the process's watcher, with every other watched run: the stream
     # itself only waits for its events and its pings.
     watch = watcher.watch(run_id, subscription, live_only=not subscription.resumable)
+    transport = ("durable_stream",) if subscription.resumable else ("broadcast_channel",)
+    metrics.STREAMS_OPEN.tally.add(transport)
     try:
         if first is CLOSED:
             yield PING
@@ -228,6 +231,7 @@ def _events(
     except DurableStreamError as exc:
         yield _error_notice(run_id, "stream_unavailable", str(exc), 503)
     finally:
+        metrics.STREAMS_OPEN.tally.add(transport, -1)
         watcher.unwatch(watch)
         subscription.close()
 

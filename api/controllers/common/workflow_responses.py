@@ -14,7 +14,8 @@ from flask import Response, request, stream_with_context
 from api.controllers.common.sse import SSE_HEADERS, sse_messages
 from api.core.durable_stream import TopicCursor
 from api.extensions.ext_resume_token import resume_token_codec
-from api.libs.errors import InvalidParamError
+from api.libs import metrics
+from api.libs.errors import GoneError, InvalidParamError, NotFoundError, ServiceUnavailableError
 from api.libs.resume_token import InvalidResumeTokenError
 from api.models import App, WorkflowRun
 from api.services import workflow_event_service as event_streams
@@ -35,13 +36,38 @@ def start_run(app_model: App, body: Any) -> Any:
     return runs.run_blocking(app_model, run)
 
 
-def run_events(app_model: App, run: WorkflowRun) -> Response:
+def run_events(app_model: App, task_id: str, user: str) -> Response:
     """``GET …/workflow/<task_id>/events``: ``Last-Event-ID`` (header or query) and ``continue_on_pause``.
 
+    Every outcome is counted (``workflow_sse_resumes_total``): ``resumed`` (the stream starts),
+    ``invalid_token`` (400), ``expired`` (410), ``not_found`` (404), ``unavailable`` (503).
+
     Raises:
+        NotFoundError: (404) no such run of this app and user.
         InvalidParamError: (400, ``invalid_resume_token``) the token is malformed, forged, made with an
             unknown key, or belongs to another run or user.
+        GoneError: (410) see ``workflow_event_service.reconnect``.
     """
+    try:
+        response = _run_events(app_model, runs.get_run_by_task(app_model, task_id, user))
+    except NotFoundError:
+        metrics.RESUMES.tally.add(("not_found",))
+        raise
+    except InvalidParamError as exc:
+        if exc.code == "invalid_resume_token":
+            metrics.RESUMES.tally.add(("invalid_token",))
+        raise
+    except GoneError:
+        metrics.RESUMES.tally.add(("expired",))
+        raise
+    except ServiceUnavailableError:
+        metrics.RESUMES.tally.add(("unavailable",))
+        raise
+    metrics.RESUMES.tally.add(("resumed",))
+    return response
+
+
+def _run_events(app_model: App, run: WorkflowRun) -> Response:
     cursor = None
     token = last_event_id()
     if token is not None and event_streams.resumable():  # a live-only transport ignores it
