@@ -23,6 +23,9 @@ from typing import Any
 DEFAULT_WORKER_CONNECTIONS = 10000
 
 worker_connections = int(os.environ.get("WEB_WORKER_CONNECTIONS") or DEFAULT_WORKER_CONNECTIONS)
+#: The access log (when one is asked for) without query strings or headers: ``?last_event_id=`` is a
+#: resume token, and no credential or token belongs in a log.
+access_log_format = '%(h)s "%(m)s %(U)s" %(s)s %(B)s %(M)sms'
 
 
 def post_worker_init(worker: Any) -> None:

@@ -1,5 +1,6 @@
-"""Prometheus metrics of the deployed processes: real ``gunicorn -k gevent`` and a real Celery worker,
-each scraped on its own bind while runs stream, resume, expire and fail."""
+"""Operating the deployed processes (real ``gunicorn -k gevent`` and a real Celery worker): their
+Prometheus metrics, each scraped on its own bind while runs stream, resume, expire and fail, and
+their JSON log lines."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedStac
         WORKER_METRICS_BIND=f"127.0.0.1:{worker_port}",
         METRICS_FLUSH_INTERVAL=0.1,
         LOG_FORMAT="json",
+        LOG_LEVEL="DEBUG",
     )
     with ServedStack(env, directory / "stack", servers=1, workers_per_server=2, celery_concurrency=2) as served:
         yield served, Scraper(f"http://127.0.0.1:{api_port}/metrics"), Scraper(f"http://127.0.0.1:{worker_port}/")
@@ -128,3 +130,43 @@ def test_counters_move_as_runs_stream_resume_expire_and_fail(stack: tuple[Served
 
     shown = {name for name, _, _ in api.samples() + worker.samples()}
     assert shown <= exported_names() | {name.removesuffix("_total") + "_created" for name in shown}
+
+
+def test_log_lines_about_a_run_are_json_with_its_ids_and_carry_no_payload_or_token(
+    stack: tuple[ServedStack, Scraper, Scraper],
+) -> None:
+    served, _, _ = stack
+    url = served.urls[0]
+    key = served.create_app(GREETING)
+    secret_input = "Zq-input-7731"
+    task_id, messages = _stream(url, key, {"name": secret_input})
+    run_id = messages[0].json["workflow_run_id"]
+    ids = [message.id for message in messages if message.id]
+    assert len(ids) >= 3
+    auth = {"Authorization": f"Bearer {key}"}
+    resumed = requests.get(f"{url}/v1/workflow/{task_id}/events?user=u1&last_event_id={ids[1]}", headers=auth)
+    assert resumed.status_code == 200
+    assert read_run(url, key, task_id, last_event_id=ids[2][:-4] + "AAAA").status == 400
+    worker_log, api_log = served.celery[0].log_path, served.servers[0].log_path
+
+    def about_run() -> list[str]:
+        text = worker_log.read_text(errors="replace") + api_log.read_text(errors="replace")
+        return [line for line in text.splitlines() if run_id in line]
+
+    wait_until(lambda: [line for line in about_run() if "attempt ended" in line], 15, "the worker logs the attempt")
+    wait_until(lambda: [line for line in about_run() if "refused" in line], 15, "the API logs the refused token")
+    lines = about_run()
+    assert len(lines) >= 3
+    for line in lines:
+        record = json.loads(line)  # every line about the run is one JSON object
+        assert {"ts", "level", "logger", "message"} <= record.keys(), line
+        assert record["workflow_run_id"] == run_id and record["task_id"] == task_id, line
+        assert record["transport"] == "durable_stream" and record["app_id"], line
+    everything = "".join(
+        path.read_text(errors="replace") for path in (worker_log, api_log, served.servers[0].access_log)
+    )
+    assert key not in everything, "an API key was logged"
+    assert secret_input not in everything, "a run's input or an event payload was logged"
+    assert "wonderful day" not in everything, "an event payload was logged"
+    leaked = [token for token in ids if token in everything]
+    assert not leaked, "resume tokens were logged"
