@@ -51,6 +51,9 @@ def init_app(app: Flask, config: AppConfig) -> Celery:
             "polling_interval": 0.1,
         }
     settings["beat_schedule"] = beat_schedule(config)
+    # Beat's record of when each entry last ran, with the app's other files rather than in the cwd.
+    settings["beat_schedule_filename"] = str(config.VAR_DIR / "celerybeat-schedule")
+    config.VAR_DIR.mkdir(parents=True, exist_ok=True)
     celery_app.conf.update(settings)
     celery_app.set_default()
     app.extensions["celery"] = celery_app

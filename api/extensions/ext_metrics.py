@@ -181,8 +181,10 @@ def init_worker(config: AppConfig) -> None:
         return
     from celery import signals
 
-    prepare_directory(config, "worker")
-    start(config, "worker")
+    def starting(**_: object) -> None:
+        # The worker's main process only (not celery beat, which loads the same app), before its pool.
+        prepare_directory(config, "worker")
+        start(config, "worker")
 
     def ready(**_: object) -> None:
         serve(config, "worker")
@@ -194,6 +196,7 @@ def init_worker(config: AppConfig) -> None:
         _started[0].publish()
         process_dead(config, "worker", os.getpid())
 
+    signals.worker_init.connect(starting, weak=False)
     signals.worker_ready.connect(ready, weak=False)
     signals.worker_process_init.connect(child_started, weak=False)
     signals.worker_process_shutdown.connect(child_ending, weak=False)
