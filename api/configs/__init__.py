@@ -98,6 +98,11 @@ class AppConfig(BaseSettings):
     SSE_PING_INTERVAL: float = Field(default=10, description="Seconds between pings on an idle event stream.")
     SSE_IDLE_TIMEOUT: float = Field(default=300, description="An event stream with no event for this long ends.")
 
+    WEB_WORKER_CONNECTIONS: int = Field(
+        default=10000,
+        ge=1,
+        description="Connections (open event streams) one gunicorn gevent worker accepts (api/gunicorn_conf.py).",
+    )
     API_METRICS_BIND: str = Field(
         default="",
         description="host:port on which the gunicorn master serves the API processes' Prometheus metrics "
