@@ -56,10 +56,16 @@ def process_env(overrides: Mapping[str, str]) -> dict[str, str]:
 
 
 class Worker:
-    """A real ``celery worker`` process (thread pool) consuming the test's queue."""
+    """A real ``celery worker`` process (thread pool, or ``pool="prefork"``) consuming the test's queue."""
 
     def __init__(
-        self, env: Mapping[str, str], log_path: pathlib.Path, concurrency: int = 4, *, app: str = CELERY_APP
+        self,
+        env: Mapping[str, str],
+        log_path: pathlib.Path,
+        concurrency: int = 4,
+        *,
+        app: str = CELERY_APP,
+        pool: str = "threads",
     ) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115  (closed in stop())
@@ -71,7 +77,7 @@ class Worker:
                 app,
                 "worker",
                 "--pool",
-                "threads",
+                pool,
                 "-c",
                 str(concurrency),
                 "-Q",

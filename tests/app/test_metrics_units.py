@@ -190,3 +190,25 @@ def test_publishing_a_histograms_counts_at_once_equals_observing_each_value() ->
 
 def publisher_lag(registry: CollectorRegistry) -> list[object]:
     return [family for family in registry.collect() if family.name == "workflow_event_delivery_lag_seconds"]
+
+
+def test_a_watchdog_stop_is_counted_and_a_manual_abort_is_not() -> None:
+    import time
+
+    from api.core.app.apps.execution_coordinator import AppExecutionCoordinator, RunIdentity
+    from harness.waiting import wait_until
+
+    run = RunIdentity(app_id="app", task_id="task", workflow_run_id="run", created_at=time.time())
+    before = metrics.WATCHDOG_STOPS.tally.snapshot().get((), [0.0])[0]
+    with connect("memory://") as backend:
+        transport = DurableEventTransport(backend)
+        manual = AppExecutionCoordinator(
+            transport=transport, topic_name="a", run=run, max_execution_time=60, stop_requested=lambda: False
+        )
+        manual.request_abort("stopped by user")
+        timed = AppExecutionCoordinator(
+            transport=transport, topic_name="b", run=run, max_execution_time=0.1, stop_requested=lambda: False
+        )
+        timed.start()
+        wait_until(lambda: timed.should_stop() is not None, 5, "the watchdog to fire", interval=0.01)
+    assert metrics.WATCHDOG_STOPS.tally.snapshot()[()][0] == before + 1

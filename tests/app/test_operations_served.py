@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.core.app.apps.topics import workflow_run_topic
 from api.extensions.ext_durable_stream import durable_stream
 from harness.app_env import base_env
-from harness.processes import ROOT, free_port
+from harness.processes import ROOT, Worker, free_port
 from harness.served_stack import ServedStack
 from harness.sse import parse_sse
 from harness.sse_client import read_run
@@ -170,3 +170,22 @@ def test_log_lines_about_a_run_are_json_with_its_ids_and_carry_no_payload_or_tok
     assert "wonderful day" not in everything, "an event payload was logged"
     leaked = [token for token in ids if token in everything]
     assert not leaked, "resume tokens were logged"
+
+
+def test_a_prefork_worker_serves_what_its_pool_processes_count(tmp_path: pathlib.Path) -> None:
+    """Celery's prefork pool: the tasks run in forked children; the main process serves their sum."""
+    worker_port = free_port()
+    env = base_env(tmp_path, WORKER_METRICS_BIND=f"127.0.0.1:{worker_port}", METRICS_FLUSH_INTERVAL=0.1)
+    with ServedStack(env, tmp_path / "stack", servers=1, workers_per_server=1, celery_workers=0) as served:
+        served.celery.append(Worker(served.env, tmp_path / "prefork.log", 2, pool="prefork"))
+        served.celery[-1].wait_ready()
+        worker = Scraper(f"http://127.0.0.1:{worker_port}/")
+        key = served.create_app(GREETING)
+        for _ in range(2):
+            _, messages = _stream(served.urls[0], key)
+            assert messages[-1].json["data"]["status"] == "succeeded"
+        worker.wait_for("workflow_runs_finished_total", 2, status="succeeded")
+        worker.wait_for("durable_stream_appends_total", 2 * (len(messages) - 1), backend="sqlite", outcome="ok")
+        # Files per process (counter_<pid>.db, …): the runs were counted by pool children.
+        writers = {int(path.stem.rpartition("_")[2]) for path in (tmp_path / "metrics" / "worker").glob("*.db")}
+        assert writers - {served.celery[-1].process.pid}, f"only the main process wrote metrics: {writers}"
