@@ -4,20 +4,31 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint docs test test-threads test-gevent bench soak run clean
+.PHONY: install chromium lint docs test test-threads test-gevent bench soak run clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The Python client (sdk/python) is a package of its own; the tests and the lint use it from here.
+$(STAMP): pyproject.toml sdk/python/pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) is required"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e sdk/python
 	touch $(STAMP)
 
+# Debian's chromium for the browser tests (tests/browser), which Playwright drives by its path:
+# Playwright's own browser download cannot run here. Quick when it is already installed.
+CHROMIUM := /usr/bin/chromium
+
+chromium:
+	@test -x $(CHROMIUM) || { echo "installing Debian's chromium for tests/browser"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@test -x $(CHROMIUM) || { echo "$(CHROMIUM) is still missing: install Debian's chromium package"; exit 1; }
+
 lint: install
-	$(BIN)/ruff check api tests bench harness tools
-	$(BIN)/ruff format --check api tests bench harness tools
+	$(BIN)/ruff check api tests bench harness tools sdk
+	$(BIN)/ruff format --check api tests bench harness tools sdk
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
@@ -26,11 +37,12 @@ lint: install
 docs: install
 	$(BIN)/python -m tools.gen_adapter_docs
 
-# The whole suite in plain threads, then the durable-stream and broadcast contracts and the Redis and
-# NATS adapters' own tests (their shared readers differ between threads and gevent) again under gevent.
-test: lint test-threads test-gevent
+# The whole suite in plain threads (tests/browser in a real headless Chromium), then the durable-stream
+# and broadcast contracts and the Redis and NATS adapters' own tests (their shared readers differ between
+# threads and gevent) again under gevent.
+test: lint chromium test-threads test-gevent
 
-test-threads: install
+test-threads: install chromium
 	$(BIN)/pytest tests
 
 test-gevent: install

@@ -38,12 +38,14 @@ def create_app(config: AppConfig | None = None) -> Flask:
     request_limits.init_app(app, config)
 
     import api.tasks  # noqa: F401  (registers the Celery tasks)
+    from api.controllers.browser import bp as browser_bp
     from api.controllers.service_api import bp as service_api_bp
     from api.controllers.web import bp as web_bp
     from api.libs.external_api import http_error_response
 
     app.register_blueprint(service_api_bp)
     app.register_blueprint(web_bp)
+    app.register_blueprint(browser_bp)
     app.register_error_handler(Exception, http_error_response)
     _register_commands(app)
     return app

@@ -9,6 +9,9 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
   start-up (modules, the Flask app, SQLAlchemy metadata, settings) then live in the permanent
   generation and are no longer scanned by every full collection, which a worker holding thousands of
   streams otherwise runs over hundreds of thousands of objects, stalling every stream while it does.
+- It also turns off gevent's greenlet-tree tracking (unless ``GEVENT_TRACK_GREENLET_TREE`` is set): with
+  it, every connection's greenlet keeps a copy of the stack that spawned it (about nine frame records
+  and their lists), long-lived objects the cyclic GC would scan for as long as the stream is open.
 - With ``API_METRICS_BIND`` set, the master empties ``METRICS_DIR/api`` before any worker starts,
   serves the workers' summed Prometheus metrics on that bind once ready, and drops a dead worker's
   live gauges (see ``api.extensions.ext_metrics``).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from typing import Any
 
 DEFAULT_WORKER_CONNECTIONS = 10000
@@ -30,6 +34,10 @@ access_log_format = '%(h)s "%(m)s %(U)s" %(s)s %(B)s %(M)sms'
 
 def post_worker_init(worker: Any) -> None:
     """After the app is loaded in a worker: collect once, then move everything that exists now out of the GC's sight."""
+    if "GEVENT_TRACK_GREENLET_TREE" not in os.environ and "gevent" in sys.modules:
+        import gevent
+
+        gevent.config.track_greenlet_tree = False
     gc.collect()
     gc.freeze()
     worker.log.info("gc.freeze(): %d start-up objects are no longer scanned by the cyclic GC", gc.get_freeze_count())

@@ -49,6 +49,7 @@ import psutil
 import requests
 
 from harness.app_env import base_env
+from harness.postgres_server import PostgresServer
 from harness.processes import ROOT, process_env
 from harness.redis_server import RedisServer
 from harness.served_stack import ServedStack
@@ -99,10 +100,15 @@ def raise_open_files() -> int:
 
 
 def stack_env(
-    var_dir: pathlib.Path, redis: RedisServer, mode: str, clients: int, extra: dict[str, str] | None = None
+    var_dir: pathlib.Path,
+    redis: RedisServer,
+    mode: str,
+    clients: int,
+    extra: dict[str, str] | None = None,
+    stream_url: str | None = None,
 ) -> dict[str, str]:
     settings: dict[str, Any] = {
-        "DURABLE_STREAM_URL": f"redis://127.0.0.1:{redis.port}/0",
+        "DURABLE_STREAM_URL": stream_url or f"redis://127.0.0.1:{redis.port}/0",
         "REDIS_URL": f"redis://127.0.0.1:{redis.port}/0",
         # Every broadcast stream holds a connection of the worker's pool: size it for all of them.
         "REDIS_MAX_CONNECTIONS": clients + 100,
@@ -120,6 +126,16 @@ def stack_env(
         settings.update(EVENT_BUS_TRANSPORT="broadcast_channel", BROADCAST_CHANNEL_TYPE="pubsub")
     settings.update(extra or {})
     return base_env(var_dir, **settings)
+
+
+def request_snapshot(directory: pathlib.Path, name: str, timeout: float = 120) -> None:
+    """Have the profiled worker write ``<directory>/<name>.snapshot`` (tools/profile_worker_conf.py)."""
+    (directory / f"{name}.request").touch()
+    deadline = time.monotonic() + timeout
+    while (directory / f"{name}.request").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the worker wrote no {name} snapshot")
+        time.sleep(0.2)
 
 
 def _post(url: str, path: str, key: str, body: dict[str, Any]) -> requests.Response:
@@ -150,14 +166,20 @@ def start_paused_runs(url: str, key: str, runs: int, timeout: float = 120) -> li
     return started
 
 
-def resume_runs(url: str, key: str, runs: list[tuple[str, str]]) -> None:
-    def resume(run_id: str) -> None:
+def resume_runs(url: str, key: str, runs: list[tuple[str, str]], spread: float = 0.0) -> None:
+    """Resume every run, the i-th ``i / len(runs) * spread`` seconds after the first (0: all at once)."""
+    started = time.monotonic()
+
+    def resume(index: int, run_id: str) -> None:
+        delay = started + index / len(runs) * spread - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
         answer = _post(
             url, f"/v1/workflows/runs/{run_id}/human-input", key, {"user": USER, "inputs": {"approved": True}}
         )
         answer.raise_for_status()
 
-    threads = [threading.Thread(target=resume, args=(run_id,)) for _, run_id in runs]
+    threads = [threading.Thread(target=resume, args=(index, run_id)) for index, (_, run_id) in enumerate(runs)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -238,6 +260,9 @@ def measure(
     rate: float = 0.5,
     idle_seconds: float = 20.0,
     load_processes: int = 4,
+    lockstep: bool = False,
+    profile_dir: pathlib.Path | None = None,
+    streams: str = "redis",
     directory: pathlib.Path | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -246,7 +271,14 @@ def measure(
     with contextlib.ExitStack() as stack:
         tmp = directory or pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sse-")))
         redis = stack.enter_context(RedisServer(extra=["--maxclients", str(clients * 2 + 1000)]))
-        env = stack_env(tmp / "var", redis, mode, clients, extra_env)
+        stream_url = None
+        if streams == "postgres":
+            stream_url = stack.enter_context(PostgresServer()).url
+        elif streams == "sqlite":
+            stream_url = f"sqlite:///{tmp / 'streams.db'}"
+        env = stack_env(tmp / "var", redis, mode, clients, extra_env, stream_url)
+        if profile_dir is not None:
+            env["PROFILE_WORKER_DIR"] = str(profile_dir / f"{mode}-{clients}")
         served = stack.enter_context(
             ServedStack(
                 env,
@@ -254,7 +286,10 @@ def measure(
                 servers=1,
                 workers_per_server=1,
                 celery_concurrency=runs + 8,
-                server_args=["--worker-connections", str(clients + 1000), "--backlog", "4096"],
+                server_args=[
+                    *("--worker-connections", str(clients + 1000), "--backlog", "4096"),
+                    *(() if profile_dir is None else ("--config", "python:tools.profile_worker_conf")),
+                ],
                 celery_app="bench.sse_probe:celery",
             )
         )
@@ -265,6 +300,9 @@ def measure(
         started = start_paused_runs(url, key, runs)
         task_ids = [started[index % runs][0] for index in range(clients)]
 
+        snapshots = env.get("PROFILE_WORKER_DIR") if env.get("PROFILE_WORKER_TRACEMALLOC") else None
+        if snapshots:
+            request_snapshot(pathlib.Path(snapshots), "before")
         rss_before = worker.memory_info().rss
         stream_seconds = tokens / rate
         job = {
@@ -286,6 +324,8 @@ def measure(
         # Idle: every client waits on a paused run.
         time.sleep(1.0)
         rss_connected = worker.memory_info().rss
+        if snapshots:
+            request_snapshot(pathlib.Path(snapshots), "connected")
         redis_total, redis_worker = redis_connections(redis, worker.pid)
         idle_cpu_before, idle_wall_before = _cpu(worker), time.monotonic()
         time.sleep(idle_seconds)
@@ -294,14 +334,20 @@ def measure(
         # Streaming: resume every run at once.
         load_cpu_before = load.cpu()
         cpu_before, wall_before = _cpu(worker), time.monotonic()
-        resume_runs(url, key, started)
+        system_before = worker.cpu_times().system
+        # Independent runs do not emit their tokens in the same millisecond: resumed one after the
+        # other over one token interval, their probes arrive evenly. --lockstep resumes all at once,
+        # so every token interval starts with a burst of runs x clients-per-run deliveries.
+        resume_runs(url, key, started, spread=0.0 if lockstep else 1.0 / rate)
         done = load.read()
         stream_wall = time.monotonic() - wall_before
         worker_cpu = _cpu(worker) - cpu_before
+        worker_system = worker.cpu_times().system - system_before
         load_cpu = [after - before for before, after in zip(load_cpu_before, load.cpu(), strict=False)]
 
         latencies = [tenths / 10 for part in done for tenths in part.get("latencies", [])]
         received = sum(part.get("received", 0) for part in done)
+        events = sum(part.get("events", 0) for part in done)
         statuses: dict[str, int] = {}
         for part in done:
             for status, count in part.get("statuses", {}).items():
@@ -319,6 +365,7 @@ def measure(
         }
         return {
             "mode": mode,
+            "streams": streams if mode == "durable" else "redis pub/sub",
             "clients": clients,
             "runs": runs,
             "tokens": tokens,
@@ -329,7 +376,12 @@ def measure(
             "p50_ms": round(percentile(latencies, 0.5), 1),
             "p99_ms": round(percentile(latencies, 0.99), 1),
             "max_ms": round(max(latencies), 1) if latencies else float("nan"),
-            "cpu_us_per_delivery": round(worker_cpu / received * 1e6, 1) if received else float("nan"),
+            # Every event the streaming phase delivered (the probes and the resumed runs' other events).
+            "cpu_us_per_delivery": round(worker_cpu / events * 1e6, 1) if events else float("nan"),
+            "kernel_share_of_cpu": round(worker_system / worker_cpu, 2) if worker_cpu else float("nan"),
+            "cpu_us_per_probe": round(worker_cpu / received * 1e6, 1) if received else float("nan"),
+            "events": events,
+            "lockstep": lockstep,
             "worker_cpu_share_streaming": round(worker_cpu / stream_wall, 3),
             "stream_seconds": round(stream_wall, 1),
             "rss_per_connection_kb": round((rss_connected - rss_before) / 1024 / max(1, connected), 1),
@@ -352,10 +404,12 @@ def measure(
 COLUMNS = (
     ("clients", "clients"),
     ("mode", "mode"),
+    ("streams", "streams"),
     ("p50 ms", "p50_ms"),
     ("p99 ms", "p99_ms"),
     ("max ms", "max_ms"),
     ("CPU µs/delivery", "cpu_us_per_delivery"),
+    ("CPU µs/probe", "cpu_us_per_probe"),
     ("worker CPU", "worker_cpu_share_streaming"),
     ("RSS/conn KB", "rss_per_connection_kb"),
     ("Redis conns (worker)", "redis"),
@@ -370,6 +424,8 @@ def _cells(row: dict[str, Any]) -> list[str]:
     if "failed" in row:
         return [str(row["clients"]), row["mode"], f"failed: {row['failed']}"] + [""] * (len(COLUMNS) - 3)
     values = {
+        "streams": "redis" if row["mode"] == "durable" else "redis pub/sub",
+        "cpu_us_per_probe": "",
         **row,
         "redis": f"{row['redis_connections']} ({row['redis_connections_worker']})",
         "deliveries": f"{row['received']:,}/{row['expected']:,}",
@@ -452,6 +508,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--idle", type=float, default=None, help="seconds of the idle measurement (default 20)")
     parser.add_argument("--load-processes", type=int, default=4, help="client processes (default 4)")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE app setting for the stack (repeatable)")
+    parser.add_argument(
+        "--lockstep", action="store_true", help="resume every run at once (bursts), not spread over a token interval"
+    )
+    parser.add_argument(
+        "--profile-worker",
+        type=pathlib.Path,
+        metavar="DIR",
+        help="cProfile the API worker in 20 s windows into DIR (tools/profile_worker_conf.py); slows it down",
+    )
+    parser.add_argument(
+        "--streams",
+        choices=("redis", "postgres", "sqlite"),
+        default="redis",
+        help="the durable mode's stream store: the private Redis, a private PostgreSQL, or an SQLite file",
+    )
     parser.add_argument("--no-charts", action="store_true")
     parser.add_argument("--tag", default="", help="suffix of the results file (sse-<date>-<tag>.json)")
     args = parser.parse_args(argv)
@@ -484,6 +555,9 @@ def main(argv: list[str] | None = None) -> None:
                         tokens=args.tokens,
                         rate=args.rate,
                         idle_seconds=idle,
+                        lockstep=args.lockstep,
+                        profile_dir=args.profile_worker,
+                        streams=args.streams,
                         load_processes=args.load_processes,
                         extra_env=extra_env,
                     )

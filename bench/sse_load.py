@@ -38,6 +38,9 @@ class Totals:
         self.unfinished = 0  # EOF or deadline before workflow_finished
         self.finished = 0
         self.received = 0
+        #: Every event (data message) after the run's pause, probes and the resumed run's other events:
+        #: what the streaming phase delivers (the replay up to the pause comes before it).
+        self.events = 0
         self.missing = 0
         self.duplicated = 0
         self.out_of_order = 0
@@ -74,6 +77,7 @@ async def follow(
         if status != 200:
             return
         expected = 0
+        resumed = False
         try:
             while True:
                 line = await reader.readline()
@@ -82,6 +86,10 @@ async def follow(
                     return
                 if not line.startswith(b"data: "):
                     continue
+                if resumed:
+                    totals.events += 1
+                elif line.startswith(b'data: {"event":"workflow_paused"'):
+                    resumed = True
                 if line.startswith(b'data: {"event":"text_chunk"'):
                     match = PROBE.search(line)
                     if match is None:
@@ -144,6 +152,7 @@ async def main_async(job: dict[str, Any]) -> None:
                 "unfinished": totals.unfinished,
                 "finished": totals.finished,
                 "received": totals.received,
+                "events": totals.events,
                 "missing": totals.missing,
                 "duplicated": totals.duplicated,
                 "out_of_order": totals.out_of_order,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
+import subprocess
+import sys
 from typing import Any
 
 from api.configs import AppConfig
@@ -161,3 +164,18 @@ def test_the_healthcheck_module_tells_a_live_listener_and_a_fresh_file_from_neit
     assert main(["fresh", str(tmp_path / "celerybeat-schedule"), "60"]) == 0
     assert main(["fresh", str(tmp_path / "other"), "60"]) == 1
     assert main(["nonsense"]) == 2
+
+
+def test_the_worker_hook_freezes_the_gc_and_stops_tracking_greenlet_trees() -> None:
+    # In a child: gc.freeze() and gevent's config are process-wide.
+    script = """
+import gc, logging, types
+import gevent
+import api.gunicorn_conf as conf
+assert gevent.config.track_greenlet_tree
+conf.post_worker_init(types.SimpleNamespace(log=logging.getLogger("worker")))
+assert not gevent.config.track_greenlet_tree
+assert gc.get_freeze_count() > 1000, gc.get_freeze_count()
+"""
+    env = {key: value for key, value in os.environ.items() if key != "GEVENT_TRACK_GREENLET_TREE"}
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT, env=env, timeout=60)

@@ -15,13 +15,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 __all__ = ["AppConfig"]
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
+#: The built-in ``SECRET_KEY``: passports and resume tokens signed with it can be forged by anyone, so a
+#: process still running on it is a development one (this is what "production" means for the defaults).
+DEVELOPMENT_SECRET_KEY = "dev-only-secret-key-change-me"
 
 
 class AppConfig(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", extra="ignore")
 
     SECRET_KEY: str = Field(
-        default="dev-only-secret-key-change-me",
+        default=DEVELOPMENT_SECRET_KEY,
         description="Flask secret; also the root of the development resume-token key.",
     )
     VAR_DIR: pathlib.Path = Field(default=PROJECT_ROOT / "var", description="Where embedded data lives.")
@@ -97,6 +100,16 @@ class AppConfig(BaseSettings):
     )
     SSE_PING_INTERVAL: float = Field(default=10, description="Seconds between pings on an idle event stream.")
     SSE_IDLE_TIMEOUT: float = Field(default=300, description="An event stream with no event for this long ends.")
+    DEMO_PAGE_ENABLED: bool | None = Field(
+        default=None,
+        description="Serve the browser demo page at /demo. Unset: only in development, i.e. while SECRET_KEY is "
+        "the built-in development value (any deployment sets its own, and then /demo is 404 unless this is true).",
+    )
+
+    def demo_page_enabled(self) -> bool:
+        if self.DEMO_PAGE_ENABLED is not None:
+            return self.DEMO_PAGE_ENABLED
+        return self.SECRET_KEY == DEVELOPMENT_SECRET_KEY
 
     WEB_WORKER_CONNECTIONS: int = Field(
         default=10000,

@@ -30,18 +30,29 @@ class CursorResumeContract(ContractBase):
     def test_resume_from_every_position_delivers_exactly_the_suffix(
         self, open_backend: Callable[..., DurableStreamBackend], topic_name: str
     ) -> None:
+        # Every one of 1,000 cursors resumes strictly after its record; the whole suffix (to the
+        # topic's end, and nothing more) is drained from every 10th position and the last 20, the
+        # first records of it from all the others: all 1,000 full suffixes are half a million
+        # deliveries per adapter and mode, which the contract suite cannot afford on every run.
         count = 1000
         backend = open_backend(buffer_size=count)
         topic = backend.topic(topic_name)
+        # The short checks read through a backend object with small batches, so that they do not
+        # fetch the whole suffix anyway (a memory store is private to its backend object, and cheap).
+        short = topic if self.store_in_process else open_backend(buffer_size=4).topic(topic_name)
         items = payloads(count)
         append_all(topic, items)
         with topic.subscribe_from_beginning() as subscription:
             cursors = [r.cursor for r in drain(subscription, count)]
         for index, cursor in enumerate(cursors):
-            with topic.subscribe_from_cursor(cursor) as resumed:
-                suffix = [r.payload for r in drain(resumed, count - index - 1)]
-                assert suffix == items[index + 1 :], f"resume after record {index} delivered the wrong suffix"
-                assert resumed.receive(timeout=0) is None
+            rest = count - index - 1
+            whole = index % 10 == 0 or rest < 20
+            with (topic if whole else short).subscribe_from_cursor(cursor) as resumed:
+                suffix = [r.payload for r in drain(resumed, rest if whole else 3)]
+                expected = items[index + 1 :] if whole else items[index + 1 : index + 4]
+                assert suffix == expected, f"resume after record {index} delivered the wrong suffix"
+                if whole:
+                    assert resumed.receive(timeout=0) is None
 
     def test_resume_from_the_tail_cursor_waits_for_new_records(self, topic: DurableStreamTopic) -> None:
         append_all(topic, payloads(3))

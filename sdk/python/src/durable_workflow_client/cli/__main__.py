@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from .main import console_script
+
+console_script()

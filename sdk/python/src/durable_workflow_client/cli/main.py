@@ -1,0 +1,183 @@
+"""``dwe``: run, follow, stop and resume workflow runs from a terminal or a script.
+
+Exit status: 0 the run succeeded (or the command did what it was asked), 1 the run failed, 3 it was
+stopped, 4 the API refused the request (the error is printed), 5 the connection could not be
+re-established within the retry budget, 6 the stream ended with the run paused (``--until-pause``
+ends there with 0), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from ..common import ReconnectInfo
+from ..errors import ApiError, ClientError, ConnectionLostError
+from ..events import Event, WorkflowFinished
+from ..retry import RetryPolicy
+from ..sync_client import Client, EventStream
+from .view import RunView
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_API_ERROR, EXIT_LOST, EXIT_PAUSED = 0, 1, 2, 3, 4, 5, 6
+DEFAULT_BASE_URL = "http://127.0.0.1:5001"
+
+
+def _inputs(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--base-url", default=os.environ.get("DWE_BASE_URL", DEFAULT_BASE_URL), help="$DWE_BASE_URL")
+    common.add_argument("--app-key", default=os.environ.get("DWE_APP_KEY"), help="the app's API key ($DWE_APP_KEY)")
+    common.add_argument("--user", default=os.environ.get("DWE_USER", "dwe"), help="the end user ($DWE_USER)")
+    common.add_argument("--json", action="store_true", help="one JSON event per line instead of the live view")
+    common.add_argument("--max-attempts", type=int, default=8, help="failed reconnects in a row before giving up")
+    common.add_argument("--retry-delay", type=float, default=0.25, help="seconds before the first reconnect")
+    follow = argparse.ArgumentParser(add_help=False)
+    follow.add_argument("--until-pause", action="store_true", help="end at a pause instead of waiting through it")
+
+    top = argparse.ArgumentParser(prog="dwe", description="Run and follow durable workflow runs.")
+    commands = top.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", parents=[common, follow], help="start a run")
+    run.add_argument("--inputs", type=_inputs, default={}, help='e.g. \'{"name": "Ada"}\'')
+    run.add_argument("--follow", action="store_true", help="show its events to the end (else print its ids)")
+    attach = commands.add_parser("follow", parents=[common, follow], help="follow a run's events")
+    attach.add_argument("task_id")
+    attach.add_argument("--after", help="a resume token: continue strictly after that event")
+    stop = commands.add_parser("stop", parents=[common], help="stop a run")
+    stop.add_argument("task_id")
+    resume = commands.add_parser("resume-input", parents=[common, follow], help="submit a paused run's form")
+    resume.add_argument("run_id")
+    resume.add_argument("--inputs", type=_inputs, required=True)
+    resume.add_argument("--follow", action="store_true", help="then follow the run to its end")
+    return top
+
+
+def main(argv: Sequence[str] | None = None, *, console: Console | None = None, errors: Console | None = None) -> int:
+    """The CLI; returns the exit status (the console script exits with it)."""
+    args = parser().parse_args(argv)
+    out = console or Console()
+    err = errors or Console(stderr=True)
+    if not args.app_key:
+        err.print("dwe: an API key is required (--app-key or DWE_APP_KEY)")
+        return EXIT_USAGE
+    notes: list[ReconnectInfo] = []
+    retry = RetryPolicy(max_attempts=args.max_attempts, initial_delay=args.retry_delay)
+    client = Client(args.base_url, args.app_key, retry=retry, on_reconnect=notes.append)
+    try:
+        with client:
+            return _command(args, client, out, err, notes)
+    except ConnectionLostError as exc:
+        err.print(f"dwe: connection lost: {exc}", markup=False)
+        if exc.last_event_id:
+            err.print(f"dwe: continue with: dwe follow <task_id> --after {exc.last_event_id}", markup=False)
+        return EXIT_LOST
+    except ApiError as exc:
+        err.print(f"dwe: {exc.status} {exc.code}: {exc.message}", markup=False)
+        return EXIT_API_ERROR
+    except ClientError as exc:
+        err.print(f"dwe: {exc}", markup=False)
+        return EXIT_API_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+def _command(args: argparse.Namespace, client: Client, out: Console, err: Console, notes: list[ReconnectInfo]) -> int:
+    continue_on_pause = not getattr(args, "until_pause", False)
+    if args.command == "run":
+        if not args.follow:
+            handle = client.start(args.inputs, args.user)
+            _print_json_or(out, args.json, {"task_id": handle.task_id, "workflow_run_id": handle.workflow_run_id})
+            return EXIT_OK
+        stream = client.run(args.inputs, args.user, continue_on_pause=continue_on_pause)
+    elif args.command == "follow":
+        stream = client.follow(args.task_id, args.user, after=args.after, continue_on_pause=continue_on_pause)
+    elif args.command == "stop":
+        client.stop(args.task_id, args.user)
+        _print_json_or(out, args.json, {"result": "success", "task_id": args.task_id})
+        return EXIT_OK
+    else:
+        accepted = client.submit_human_input(args.run_id, args.user, args.inputs)
+        if not args.follow:
+            body = {"task_id": accepted.task_id, "workflow_run_id": accepted.workflow_run_id, "status": accepted.status}
+            _print_json_or(out, args.json, body)
+            return EXIT_OK
+        stream = client.follow(accepted.task_id, args.user, continue_on_pause=continue_on_pause)
+    return _show(stream, out, err, notes, as_json=args.json, until_pause=not continue_on_pause)
+
+
+def _print_json_or(out: Console, as_json: bool, body: dict[str, Any]) -> None:
+    if as_json:
+        out.print_json(json.dumps(body), indent=None)
+    else:
+        out.print(" ".join(f"{key}: {value}" for key, value in body.items()), markup=False, highlight=False)
+
+
+def _show(
+    stream: EventStream, out: Console, err: Console, notes: list[ReconnectInfo], *, as_json: bool, until_pause: bool
+) -> int:
+    view = RunView()
+    shown = 0
+
+    def note_reconnects(say: Callable[[str], None]) -> None:
+        nonlocal shown
+        while shown < len(notes):
+            info = notes[shown]
+            shown += 1
+            view.reconnects += 1
+            say(f"↻ reconnected (connection lost: {type(info.error).__name__}; resumed after {view.events} events)")
+
+    with stream:
+        if as_json:
+            for event in stream:
+                note_reconnects(lambda line: err.print(f"dwe: {line}", markup=False, highlight=False))
+                _write_line(out, event)
+                view.add(event)
+            note_reconnects(lambda line: err.print(f"dwe: {line}", markup=False, highlight=False))
+        elif out.is_terminal:
+            with Live(view, console=out, refresh_per_second=12) as live:
+                for event in stream:
+                    note_reconnects(lambda line: live.console.print(line, style="yellow", markup=False))
+                    view.add(event)
+                note_reconnects(lambda line: live.console.print(line, style="yellow", markup=False))
+                view.settled = True
+            out.print(view.final_line())
+        else:  # a pipe or a file: no animation, the notes as they happen and the view once at the end
+            for event in stream:
+                note_reconnects(lambda line: out.print(line, style="yellow", markup=False))
+                view.add(event)
+            note_reconnects(lambda line: out.print(line, style="yellow", markup=False))
+            view.settled = True
+            out.print(view)
+            out.print(view.final_line())
+    return _exit_status(view, until_pause)
+
+
+def _write_line(out: Console, event: Event) -> None:
+    # Plain and unwrapped (no markup, highlighting or wrapping): exactly the event as the server sent it.
+    out.out(json.dumps(event.raw, ensure_ascii=False, separators=(",", ":")), highlight=False)
+
+
+def _exit_status(view: RunView, until_pause: bool) -> int:
+    finished: WorkflowFinished | None = view.finished
+    if finished is None:
+        return EXIT_OK if view.status == "paused" and until_pause else EXIT_PAUSED
+    return {"succeeded": EXIT_OK, "stopped": EXIT_STOPPED}.get(finished.status, EXIT_FAILED)
+
+
+def console_script() -> None:
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The API's JSON objects other than events: a run's row, a started run, an accepted human input."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+#: Statuses a run never leaves.
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "stopped"})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunDetail:
+    """A run's row (``GET /v1/workflows/run/<id>``, and the ``run`` of a 410)."""
+
+    id: str
+    workflow_id: str
+    status: str
+    inputs: dict[str, Any]
+    outputs: dict[str, Any] | None
+    error: str | None
+    total_steps: int
+    elapsed_time: float
+    created_at: int
+    finished_at: int | None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> RunDetail:
+        return cls(
+            id=str(body["id"]),
+            workflow_id=str(body.get("workflow_id", "")),
+            status=str(body["status"]),
+            inputs=dict(body.get("inputs") or {}),
+            outputs=body.get("outputs"),
+            error=body.get("error"),
+            total_steps=int(body.get("total_steps") or 0),
+            elapsed_time=float(body.get("elapsed_time") or 0.0),
+            created_at=int(body.get("created_at") or 0),
+            finished_at=None if body.get("finished_at") is None else int(body["finished_at"]),
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunHandle:
+    """A run started without waiting (``response_mode: async``): the ids to follow, stop or resume it."""
+
+    task_id: str
+    workflow_run_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HumanInputAccepted:
+    """The answer to a submitted human-input form: the run is queued again (``status`` ``running``)."""
+
+    task_id: str
+    workflow_run_id: str
+    status: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Passport:
+    """A web end user's session for one app (``GET /api/passport``)."""
+
+    access_token: str
+    end_user: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """A run that was waited for (``response_mode: blocking``): finished or paused."""
+
+    task_id: str
+    workflow_run_id: str
+    run: RunDetail

@@ -1,0 +1,251 @@
+"""The demo page in a real headless Chromium against the app as deployed: ``gunicorn -k gevent`` (two
+workers) and a Celery worker, reached through a TCP relay the test controls.
+
+A run is started from the page; its connection is dropped three ways while the LLM node streams
+(the page's button, the network cutting every connection, the API worker serving the stream killed);
+the run pauses, the page's form is filled in and the run resumes. What the page rendered must be the
+stored run exactly: the same events in the same order, each id sealing that event's own position.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+from playwright.sync_api import Page
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+from sqlalchemy import select
+
+from api.controllers.browser import MODULE_PATH
+from api.models import App
+from api.models.engine import db
+from harness.app_env import base_env
+from harness.served_stack import GunicornServer, ServedStack
+from harness.tcp_relay import TcpRelay, http_response
+from tests.app.test_service_api import slow_greeting
+from tests.browser.conftest import open_tokens, stored_events, trim_topic
+
+#: Long enough an LLM stream (4 s or more) for three cuts (about 1.5 s in all), each followed by more of it.
+TOKENS = 400
+TOKEN_DELAY = 0.01
+#: A deadline, not a pause: on a loaded 2-core machine the 400 tokens alone can take 15 s.
+WAIT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedStack]:
+    var_dir = tmp_path_factory.mktemp("browser")
+    env = base_env(var_dir, DEMO_PAGE_ENABLED="true", SSE_PING_INTERVAL="1")
+    with ServedStack(env, var_dir / "stack", servers=1, workers_per_server=2, celery_concurrency=4) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def relay(stack: ServedStack) -> Iterator[TcpRelay]:
+    with TcpRelay([("127.0.0.1", stack.servers[0].port)]) as relay:
+        yield relay
+
+
+def rendered_count(page: Page) -> int:
+    count: int = page.eval_on_selector_all("#events li", "rows => rows.length")
+    return count
+
+
+def page_state(page: Page) -> str:
+    """What the page shows, for a failure message."""
+    notes = page.eval_on_selector_all("#notes li", "rows => rows.map(r => r.textContent)")
+    return (
+        f"state={page.text_content('#state')} events={rendered_count(page)} "
+        f"reconnects={page.text_content('#reconnects')} notes={notes}"
+    )
+
+
+def wait_in_page(page: Page, condition: str, arg: Any, what: str) -> None:
+    try:
+        page.wait_for_function(condition, arg=arg, timeout=WAIT_MS)
+    except PlaywrightTimeoutError:
+        raise AssertionError(f"timed out after {WAIT_MS} ms waiting for {what}; {page_state(page)}") from None
+
+
+def wait_for_events(page: Page, at_least: int) -> int:
+    wait_in_page(page, "n => document.querySelectorAll('#events li').length >= n", at_least, f"{at_least} events")
+    return rendered_count(page)
+
+
+def wait_for_text(page: Page, selector: str, text: str) -> None:
+    condition = "([selector, text]) => document.querySelector(selector).textContent === text"
+    wait_in_page(page, condition, [selector, text], f"{selector} to read {text!r}")
+
+
+def worker_holding(server: GunicornServer, client_ports: list[int]) -> int:
+    """The gunicorn worker with an accepted connection from one of these (the relay's) ports."""
+    for pid in server.worker_pids():
+        for connection in psutil.Process(pid).net_connections("tcp"):
+            if connection.raddr and connection.raddr.port in client_ports and connection.laddr.port == server.port:
+                return pid
+    raise AssertionError(f"no worker of {server.url} holds a connection from {client_ports}")
+
+
+def test_the_demo_survives_three_cuts_and_renders_the_stored_run_exactly(
+    page: Page, stack: ServedStack, relay: TcpRelay, tmp_path: pathlib.Path
+) -> None:
+    key = stack.create_app(slow_greeting(delay=TOKEN_DELAY, tokens=TOKENS))
+    page.goto(f"{relay.url}/demo")
+    page.fill("#api-key", key)
+    page.fill("#inputs", json.dumps({"name": "Ada", "mood": "formal"}))
+    page.click("#start")
+
+    # 1. The page's own button cuts the connection.
+    seen = wait_for_events(page, 20)
+    page.click("#drop")
+    wait_for_text(page, "#reconnects", "1")
+    seen = wait_for_events(page, seen + 20)
+    # 2. The network cuts every connection the browser has, in the middle of the response.
+    assert relay.cut_all() >= 1
+    wait_for_text(page, "#reconnects", "2")
+    seen = wait_for_events(page, seen + 20)
+    # 3. The API worker serving the stream dies; the other one serves the reconnect.
+    server = stack.servers[0]
+    killed = server.kill_worker(worker_holding(server, relay.upstream_ports("/events")))
+    wait_for_text(page, "#reconnects", "3")
+    wait_for_events(page, seen + 20)
+
+    # The run pauses for its human-input node; the page shows the form and resumes the run.
+    wait_for_text(page, "#state", "paused")
+    assert page.is_visible("#human-form")
+    page.check("#human-approved")
+    page.fill("#human-note", "fine")
+    page.click("#human-submit")
+    wait_for_text(page, "#state", "finished")
+
+    run_id = page.text_content("#run-id")
+    assert run_id and stack.run_row(run_id) is not None
+    rows: list[list[str]] = page.eval_on_selector_all(
+        "#events li", "rows => rows.map(r => [r.dataset.id, r.dataset.payload, r.dataset.connection])"
+    )
+    stored = stored_events(stack, run_id)
+    assert [json.loads(payload) for _, payload, _ in rows] == [event for _, event in stored], (
+        "the page shows other events than the stored run: lost, repeated or reordered"
+    )
+    assert open_tokens(stack, run_id, [token for token, _, _ in rows]) == [cursor for cursor, _ in stored]
+    paused_at = next(i for i, (_, event) in enumerate(stored) if event["event"] == "workflow_paused")
+    # Each cut happened while the LLM streamed: the first stream's events came over four connections.
+    assert {connection for _, _, connection in rows[: paused_at + 1]} == {"0", "1", "2", "3"}
+    assert stored[-1][1]["event"] == "workflow_finished" and stored[-1][1]["data"]["status"] == "succeeded"
+    chunks = "".join(event["data"]["text"] for _, event in stored if event["event"] == "text_chunk")
+    assert page.text_content("#text") == chunks and chunks.startswith("word0 word1")
+    assert json.loads(page.text_content("#outputs") or "null") == stored[-1][1]["data"]["outputs"]
+    notes = page.eval_on_selector_all("#notes li.reconnect", "rows => rows.map(r => r.textContent)")
+    assert len(notes) == 3 and "(dropped)" in notes[0], notes
+    assert killed not in server.worker_pids()
+
+    screenshot = tmp_path / "demo-page.png"
+    page.screenshot(path=str(screenshot), full_page=True)
+    print(f"\nscreenshot of the demo page: {screenshot}")
+
+
+# Runs in the page: follow or start a run with the module and report how it ended.
+SETTLE = """
+async ([modulePath, call, { dropAfter = [], ...options }]) => {
+  const module = await import(modulePath);
+  const reconnects = [];
+  const events = [];
+  const stream = module[call]({
+    ...options,
+    onEvent: (event, meta) => {
+      events.push([meta.id, event]);
+      if (dropAfter.includes(events.length)) setTimeout(() => stream.drop(), 0);
+    },
+    onReconnect: (info) => reconnects.push({ reason: info.reason, delayMs: info.delayMs, attempt: info.attempt }),
+  });
+  try {
+    const outcome = await stream.done;
+    return { status: outcome.status, events, reconnects, taskId: stream.taskId, runId: stream.workflowRunId };
+  } catch (error) {
+    return {
+      error: { name: error.name, status: error.status, code: error.code, run: error.run ?? null,
+               attempts: error.attempts ?? null, cause: error.cause ? error.cause.name : null },
+      events, reconnects,
+    };
+  }
+}
+"""
+
+
+def site_code(stack: ServedStack, key: str) -> str:
+    with stack.app.app_context():
+        try:
+            code: str = db.session.execute(select(App.site_code).where(App.api_key == key)).scalar_one()
+            return code
+        finally:
+            db.session.remove()
+
+
+def settle(page: Page, call: str, **options: Any) -> dict[str, Any]:
+    result: dict[str, Any] = page.evaluate(SETTLE, [MODULE_PATH, call, options])
+    return result
+
+
+def test_errors_are_typed_and_retries_honour_retry_after(page: Page, stack: ServedStack, relay: TcpRelay) -> None:
+    key = stack.create_app(slow_greeting(delay=0.001, tokens=5))
+    page.goto(f"{relay.url}/demo")
+    user = "typed-errors"
+
+    wrong = settle(page, "streamRun", apiKey="app-wrong", user=user, inputs={"name": "Ada"})
+    assert wrong["error"]["name"] == "UnauthorizedError" and wrong["error"]["status"] == 401
+
+    run = settle(page, "streamRun", apiKey=key, user=user, inputs={"name": "Ada"})
+    assert run["status"] == "finished" and run["reconnects"] == []
+    stored = stored_events(stack, run["runId"])
+    assert [event for _, event in run["events"]] == [event for _, event in stored]
+    first_id = run["events"][0][0]
+    follow = {"apiKey": key, "user": user, "taskId": run["taskId"], "workflowRunId": run["runId"]}
+
+    unknown = settle(page, "followRun", **{**follow, "taskId": str(uuid.uuid4())})
+    assert unknown["error"]["name"] == "NotFoundError" and unknown["error"]["status"] == 404
+    forged = settle(page, "followRun", **follow, lastEventId="not-a-resume-token")
+    assert forged["error"]["name"] == "BadRequestError" and forged["error"]["code"] == "invalid_resume_token"
+
+    # A proxy in front answers 503 with Retry-After: the client waits that long, then resumes exactly.
+    relay.refuse("/events", 1, http_response(503, "Service Unavailable", b"busy", {"Retry-After": "1"}))
+    resumed = settle(page, "followRun", **follow, lastEventId=first_id)
+    assert [event for _, event in resumed["events"]] == [event for _, event in stored[1:]]
+    (retry,) = resumed["reconnects"]
+    assert retry["reason"] == "http-503" and retry["delayMs"] >= 1000
+
+    # Answered 503 every time: the budget (2 retries) runs out with a typed error.
+    refused = relay.refused
+    relay.refuse("/events", 3, http_response(503, "Service Unavailable", b"busy", {"Retry-After": "0"}))
+    exhausted = settle(page, "followRun", **follow, lastEventId=first_id, maxRetries=2, initialDelayMs=10)
+    assert exhausted["error"]["name"] == "RetryBudgetExceededError" and exhausted["error"]["attempts"] == 3
+    assert exhausted["error"]["cause"] == "HttpError" and exhausted["events"] == []
+    assert relay.refused == refused + 3
+
+    # Retention removed the position: 410, carrying the run row so the outcome can still be shown.
+    trim_topic(stack, run["runId"], keep_last=1)
+    gone = settle(page, "followRun", **follow, lastEventId=first_id)
+    assert gone["error"]["name"] == "RunGoneError" and gone["error"]["code"] == "resume_cursor_expired"
+    assert gone["error"]["run"]["id"] == run["runId"] and gone["error"]["run"]["status"] == "succeeded"
+    assert gone["events"] == []
+
+
+def test_the_web_app_flavour_follows_a_run_with_a_passport(page: Page, stack: ServedStack, relay: TcpRelay) -> None:
+    key = stack.create_app(slow_greeting(delay=0.005, tokens=200))
+    page.goto(f"{relay.url}/demo")
+    passport = page.evaluate(
+        "async ([path, siteCode]) => (await (await import(path)).fetchPassport({ siteCode })).access_token",
+        [MODULE_PATH, site_code(stack, key)],
+    )
+    run = settle(page, "streamRun", passport=passport, inputs={"name": "Ada"}, dropAfter=[10, 80])
+    assert run["status"] == "finished", run.get("error")
+    assert [info["reason"] for info in run["reconnects"]] == ["dropped", "dropped"]
+    stored = stored_events(stack, run["runId"])
+    assert [event for _, event in run["events"]] == [event for _, event in stored]
+    assert open_tokens(stack, run["runId"], [token for token, _ in run["events"]]) == [cursor for cursor, _ in stored]
+    row = stack.run_row(run["runId"])
+    assert row is not None and row["end_user"].startswith("web-")

@@ -1,0 +1,121 @@
+"""``dwe`` with real runs: ``--json`` lines, the live view as recorded by ``rich``, exit statuses."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+
+from durable_workflow_client import Client
+from durable_workflow_client.cli import main
+from rich.console import Console
+
+from harness.processes import ROOT
+from harness.waiting import wait_until
+from tests.sdk.conftest import Sdk
+
+
+def dwe(*argv: str) -> tuple[int, str, str]:
+    """Run ``dwe`` in-process; its exit status, standard output (as recorded) and standard error."""
+    out = Console(record=True, width=110, file=io.StringIO(), color_system=None)
+    err = Console(file=io.StringIO(), width=200, color_system=None)
+    status = main(list(argv), console=out, errors=err)
+    assert isinstance(err.file, io.StringIO)
+    return status, out.export_text(), err.file.getvalue()
+
+
+def test_json_lines_equal_the_stored_run_across_cut_connections(sdk: Sdk) -> None:
+    rng = random.Random(3)
+    with sdk.relay(cut_after=lambda: rng.randint(600, 6000), seed=3) as relay:
+        status, out, err = dwe(
+            "run", "--follow", "--json", "--base-url", relay.url, "--app-key", sdk.keys["slow"],
+            "--inputs", '{"name": "Ada"}', "--retry-delay", "0.01",
+        )  # fmt: skip
+    assert status == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events == sdk.stored_events(events[0]["workflow_run_id"])
+    notes = err.splitlines()
+    assert len(notes) >= 3 and all(note.startswith("dwe: ↻ reconnected") for note in notes), notes
+
+
+def test_the_live_view_through_a_pause_and_human_input(sdk: Sdk) -> None:
+    base = ("--base-url", sdk.stack.urls[0], "--app-key", sdk.keys["greeting"])
+    status, paused, _ = dwe("run", "--follow", "--until-pause", *base, "--inputs", '{"name": "Ada", "mood": "formal"}')
+    assert status == 0
+    assert "Draft a greeting" in paused and "Approve the greeting" in paused and "⏸ paused" in paused
+    assert "Hello Ada! It is a wonderful day to build durable streams together." in paused
+    run_id = paused.split("dwe resume-input ")[1].split()[0]
+    assert sdk.run_row(run_id)["status"] == "paused"
+
+    rng = random.Random(5)
+    with sdk.relay(cut_after=lambda: rng.randint(600, 2000), seed=5) as relay:
+        status, done, _ = dwe(
+            "resume-input", run_id, "--inputs", '{"approved": true}', "--follow", "--retry-delay", "0.01",
+            "--base-url", relay.url, "--app-key", sdk.keys["greeting"],
+        )  # fmt: skip
+    assert status == 0, done
+    assert "✔ succeeded" in done and "(approved: true)" in done
+    assert "↻ reconnected" in done, "the view should say it resumed"
+    for title in ("Draft a greeting", "Approve the greeting", "formal_end"):
+        assert title in done
+
+
+def test_the_terminal_view_waits_through_a_pause_with_a_spinner(sdk: Sdk) -> None:
+    """In a terminal the view is live: the run pauses, the view waits (spinner), human input ends it."""
+    out = Console(record=True, width=110, file=io.StringIO(), force_terminal=True, color_system=None)
+    statuses: list[int] = []
+    argv = ["run", "--follow", "--base-url", sdk.stack.urls[0], "--app-key", sdk.keys["greeting"], "--user", "tty"]
+    argv += ["--inputs", '{"name": "Tty", "mood": "formal"}']
+    viewer = threading.Thread(target=lambda: statuses.append(main(argv, console=out, errors=out)))
+    viewer.start()
+    try:
+        with Client(sdk.stack.urls[0], sdk.keys["greeting"]) as client:
+
+            def paused_run() -> str | None:
+                text = out.export_text(clear=False)
+                return text.split("dwe resume-input ")[1].split()[0] if "waiting for human input" in text else None
+
+            run_id = wait_until(paused_run, 30, "the view to show the pause")
+            client.submit_human_input(run_id, "tty", {"approved": True})
+    finally:
+        viewer.join(timeout=30)
+    assert statuses == [0]
+    text = out.export_text()
+    assert "waiting for human input (approved, note)" in text and "✔ succeeded" in text
+
+
+def test_exit_statuses_for_failed_stopped_and_refused(sdk: Sdk) -> None:
+    base = ("--base-url", sdk.stack.urls[1])
+    status, out, _ = dwe("run", "--follow", *base, "--app-key", sdk.keys["failing"], "--inputs", '{"name": "X"}')
+    assert status == 1 and "✘ failed" in out and "the model failed on purpose" in out
+
+    status, started, _ = dwe("run", "--json", *base, "--app-key", sdk.keys["long"], "--inputs", '{"name": "Y"}')
+    ids = json.loads(started)
+    assert status == 0 and set(ids) == {"task_id", "workflow_run_id"}
+    assert dwe("stop", ids["task_id"], *base, "--app-key", sdk.keys["long"])[0] == 0
+    status, out, _ = dwe("follow", ids["task_id"], *base, "--app-key", sdk.keys["long"])
+    assert status == 3 and "■ stopped" in out
+
+    status, _, err = dwe("follow", ids["task_id"], *base, "--app-key", "app-wrong")
+    assert status == 4 and "401" in err
+    status, _, err = dwe("follow", "nope", *base, "--app-key", sdk.keys["long"])
+    assert status == 4 and "404 task_not_found" in err
+
+
+def test_the_installed_console_script(sdk: Sdk) -> None:
+    env = {**os.environ, "DWE_BASE_URL": sdk.stack.urls[0], "DWE_APP_KEY": sdk.keys["greeting"], "DWE_USER": "cli"}
+    script = ROOT / ".venv" / "bin" / "dwe"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "durable_workflow_client.cli"]
+    done = subprocess.run(
+        [*command, "run", "--follow", "--json", "--inputs", '{"name": "Zed"}'],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert events[-1]["data"]["outputs"]["greeting"].startswith("Hello Zed!")
+    assert events == sdk.stored_events(events[0]["workflow_run_id"])
+    assert subprocess.run([*command, "stop", "x"], env={**env, "DWE_APP_KEY": ""}, check=False).returncode == 2
