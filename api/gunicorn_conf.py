@@ -12,6 +12,9 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
 - It also turns off gevent's greenlet-tree tracking (unless ``GEVENT_TRACK_GREENLET_TREE`` is set): with
   it, every connection's greenlet keeps a copy of the stack that spawned it (about nine frame records
   and their lists), long-lived objects the cyclic GC would scan for as long as the stream is open.
+- With ``API_METRICS_BIND`` set, the master empties ``METRICS_DIR/api`` before any worker starts,
+  serves the workers' summed Prometheus metrics on that bind once ready, and drops a dead worker's
+  live gauges (see ``api.extensions.ext_metrics``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from typing import Any
 DEFAULT_WORKER_CONNECTIONS = 10000
 
 worker_connections = int(os.environ.get("WEB_WORKER_CONNECTIONS") or DEFAULT_WORKER_CONNECTIONS)
+#: The access log (when one is asked for) without query strings or headers: ``?last_event_id=`` is a
+#: resume token, and no credential or token belongs in a log.
+access_log_format = '%(h)s "%(m)s %(U)s" %(s)s %(B)s %(M)sms'
 
 
 def post_worker_init(worker: Any) -> None:
@@ -35,3 +41,34 @@ def post_worker_init(worker: Any) -> None:
     gc.collect()
     gc.freeze()
     worker.log.info("gc.freeze(): %d start-up objects are no longer scanned by the cyclic GC", gc.get_freeze_count())
+
+
+def _metrics_config() -> Any:
+    from api.configs import AppConfig
+
+    config = AppConfig()
+    return config if config.API_METRICS_BIND else None
+
+
+def on_starting(server: Any) -> None:
+    config = _metrics_config()
+    if config is not None:
+        from api.extensions import ext_metrics
+
+        ext_metrics.prepare_directory(config, "api")
+
+
+def when_ready(server: Any) -> None:
+    config = _metrics_config()
+    if config is not None:
+        from api.extensions import ext_metrics
+
+        ext_metrics.serve(config, "api")
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    config = _metrics_config()
+    if config is not None:
+        from api.extensions import ext_metrics
+
+        ext_metrics.process_dead(config, "api", worker.pid)

@@ -56,10 +56,16 @@ def process_env(overrides: Mapping[str, str]) -> dict[str, str]:
 
 
 class Worker:
-    """A real ``celery worker`` process (thread pool) consuming the test's queue."""
+    """A real ``celery worker`` process (thread pool, or ``pool="prefork"``) consuming the test's queue."""
 
     def __init__(
-        self, env: Mapping[str, str], log_path: pathlib.Path, concurrency: int = 4, *, app: str = CELERY_APP
+        self,
+        env: Mapping[str, str],
+        log_path: pathlib.Path,
+        concurrency: int = 4,
+        *,
+        app: str = CELERY_APP,
+        pool: str = "threads",
     ) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115  (closed in stop())
@@ -71,7 +77,7 @@ class Worker:
                 app,
                 "worker",
                 "--pool",
-                "threads",
+                pool,
                 "-c",
                 str(concurrency),
                 "-Q",
@@ -137,3 +143,33 @@ def run_script(script: str, timeout: float = 60) -> tuple[dict[str, Any], str]:
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return report, done.stderr
+
+
+class Beat:
+    """A real ``celery beat`` process sending the app's schedule (``api.extensions.ext_celery.beat_schedule``)."""
+
+    def __init__(self, env: Mapping[str, str], log_path: pathlib.Path, *, app: str = CELERY_APP) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115  (closed in stop())
+        self.process = subprocess.Popen(
+            [str(BIN / "celery"), "-A", app, "beat", "-l", "info"],
+            cwd=ROOT,
+            env=process_env(env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
+
+    def sent(self, entry: str) -> int:
+        """How often beat has sent the schedule entry called ``entry``."""
+        return self.log_path.read_text(errors="replace").count(f"Sending due task {entry} ")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self._log.close()

@@ -7,6 +7,7 @@ import pathlib
 import re
 import subprocess
 import sys
+from typing import Any
 
 from api.configs import AppConfig
 
@@ -30,6 +31,139 @@ def test_bin_run_and_compose_use_the_gunicorn_config() -> None:
     import api.gunicorn_conf as conf
 
     assert conf.worker_connections >= 10000 and callable(conf.post_worker_init)
+
+
+#: PromQL's own words, which a dashboard query may use besides metric and label names.
+PROMQL_WORDS = {
+    "sum", "by", "without", "rate", "increase", "irate", "histogram_quantile", "clamp_min", "clamp_max",
+    "avg", "max", "min", "count", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
+    "le", "topk", "bottomk", "abs", "delta", "deriv", "offset",
+}  # fmt: skip
+
+
+def test_every_dashboard_query_names_metrics_the_app_exports_with_their_labels() -> None:
+    import json
+
+    from api.libs.metrics import METRICS, exported_names
+
+    dashboard = json.loads((ROOT / "docker" / "grafana" / "dashboard.json").read_text())
+    exported = exported_names()
+    labels = {label for metric in METRICS for label in metric.labels}
+    expressions = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert len(expressions) >= 12
+    used: set[str] = set()
+    for expression in expressions:
+        # Strings ("expired"), durations ([5m]) and numbers (1e-9) are not names.
+        bare = re.sub(r'"[^"]*"|\[[^]]*\]|\b\d[\d.]*(?:e[-+]?\d+)?\b', "", expression)
+        words = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare))
+        metrics = {word for word in words if word not in PROMQL_WORDS and word not in labels}
+        assert metrics, f"{expression!r} names no metric"
+        assert metrics <= exported, f"{expression!r}: {metrics - exported} is not exported"
+        used |= metrics
+    wanted = {
+        "workflow_sse_streams_open",
+        "workflow_sse_resumes_total",
+        "workflow_event_delivery_lag_seconds_bucket",
+        "durable_stream_appends_total",
+        "durable_stream_unavailable_total",
+    }
+    assert wanted <= used, wanted - used
+    prometheus = (ROOT / "docker" / "prometheus" / "prometheus.yml").read_text()
+    assert "api:9101" in prometheus and "worker:9102" in prometheus
+
+
+def _compose() -> dict[str, Any]:
+    import yaml
+
+    loaded: dict[str, Any] = yaml.safe_load((ROOT / "docker" / "docker-compose.yaml").read_text())
+    return loaded
+
+
+def _settings() -> set[str]:
+    names = set(AppConfig.model_fields)
+    for field in AppConfig.model_fields.values():
+        alias = field.validation_alias
+        names.update(choice for choice in getattr(alias, "choices", ()) if isinstance(choice, str))
+    return names
+
+
+def test_compose_services_healthchecks_and_startup_order() -> None:
+    services = _compose()["services"]
+    assert set(services) == {"redis", "nats", "postgres", "api", "worker", "beat", "prometheus", "grafana"}
+    assert {name: service.get("profiles") for name, service in services.items() if service.get("profiles")} == {
+        "nats": ["nats"],
+        "prometheus": ["monitoring"],
+        "grafana": ["monitoring"],
+    }
+    for name, service in services.items():
+        test = service.get("healthcheck", {}).get("test")
+        assert isinstance(test, list) and test[0] == "CMD" and len(test) > 1, f"{name} has no healthcheck"
+        for dependency, condition in (service.get("depends_on") or {}).items():
+            assert dependency in services, (name, dependency)
+            assert condition == {"condition": "service_healthy"}, f"{name} starts before {dependency} is healthy"
+    for name in ("api", "worker", "beat"):
+        assert {"redis", "postgres"} <= set(services[name]["depends_on"]), name
+    assert "-k" in services["api"]["command"] and "gevent" in services["api"]["command"]
+    assert services["api"]["command"][:3] == ["gunicorn", "--config", "python:api.gunicorn_conf"]
+    assert services["worker"]["command"][3] == "worker" and services["beat"]["command"][3] == "beat"
+
+
+def test_compose_sets_only_real_settings_and_its_checks_and_scrapes_match_its_binds() -> None:
+    import yaml
+
+    services = _compose()["services"]
+    settings = _settings()
+    for name, service in services.items():
+        if "build" not in service:
+            continue  # a third-party image: its variables are its own
+        unknown = set(service.get("environment", {})) - settings
+        assert not unknown, f"{name} sets {unknown}, which api/configs does not read"
+    api_env, worker_env = services["api"]["environment"], services["worker"]["environment"]
+    api_port = api_env["API_METRICS_BIND"].rpartition(":")[2]
+    worker_port = worker_env["WORKER_METRICS_BIND"].rpartition(":")[2]
+    assert f":{worker_port}/" in services["worker"]["healthcheck"]["test"][-1]
+    assert ":5001/" in services["api"]["healthcheck"]["test"][-1] and "5001:5001" in services["api"]["ports"]
+    # Beat's healthcheck watches the schedule file where the app keeps it (ext_celery: VAR_DIR/...).
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    var_dir = re.search(r"^ENV VAR_DIR=(\S+)", dockerfile, flags=re.M)
+    assert var_dir is not None and services["beat"]["healthcheck"]["test"][-2] == f"{var_dir[1]}/celerybeat-schedule"
+    scrape = yaml.safe_load((ROOT / "docker" / "prometheus" / "prometheus.yml").read_text())
+    targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in scrape["scrape_configs"]}
+    assert targets == {"api": [f"api:{api_port}"], "worker": [f"worker:{worker_port}"]}
+    for name in ("prometheus", "grafana"):
+        for volume in services[name]["volumes"]:
+            assert (ROOT / "docker" / volume.split(":")[0]).is_file(), volume
+
+
+def test_the_healthcheck_module_tells_a_live_listener_and_a_fresh_file_from_neither(tmp_path: pathlib.Path) -> None:
+    import http.server
+    import threading
+
+    from api.healthcheck import main
+    from harness.processes import free_port
+
+    class Unauthorized(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(401 if self.path == "/api" else 503)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unauthorized)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert main(["http", f"http://127.0.0.1:{port}/api"]) == 0
+        assert main(["http", f"http://127.0.0.1:{port}/broken"]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert main(["http", f"http://127.0.0.1:{free_port()}/"]) == 1
+    (tmp_path / "celerybeat-schedule.db").write_bytes(b"x")
+    assert main(["fresh", str(tmp_path / "celerybeat-schedule"), "60"]) == 0
+    assert main(["fresh", str(tmp_path / "other"), "60"]) == 1
+    assert main(["nonsense"]) == 2
 
 
 def test_the_worker_hook_freezes_the_gc_and_stops_tracking_greenlet_trees() -> None:

@@ -2,6 +2,8 @@
 
 ``python -m tools.profile_sse [--clients 2000 10000] [--runs 40] [--rate 40] [--seconds 15] [--idle 25]``
 ``python -m tools.profile_sse --micro``: µs per event of the edge's own steps (name, token, framing).
+``--metrics``: with the app's metrics on (the durable-stream observer and the delivery-lag samples)
+and the producer storing events with their envelope (``event_codec.stamped``), as workers do.
 
 For each client count a fresh child process (monkey-patched by gevent, like a gunicorn gevent
 worker) builds the app on the shared Redis (streams, under a key prefix of its own) and an SQLite
@@ -35,6 +37,7 @@ _PRODUCER = """
 import json, sys, time
 from api.core.durable_stream import connect
 url, topics, rate, seconds = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+envelope = sys.argv[5:] == ["stamped"]
 backend = connect(url)
 handles = [backend.topic(name) for name in topics]
 text = "x" * 40
@@ -42,7 +45,8 @@ interval, start, sent = 1.0 / rate, time.monotonic(), 0
 while time.monotonic() - start < seconds:
     topic = handles[sent % len(handles)]
     body = {"event": "text_chunk", "task_id": "t", "workflow_run_id": "r", "data": {"text": text, "ts": time.time()}}
-    topic.append(json.dumps(body, separators=(",", ":")).encode())
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    topic.append(b"\x1e%017.6f" % time.time() + payload if envelope else payload)
     sent += 1
     delay = start + sent * interval - time.monotonic()
     if delay > 0:
@@ -85,7 +89,9 @@ def _cpu() -> float:
     return times.user + times.system
 
 
-def measure(clients: int, runs: int, rate: float, seconds: float, idle: float, profile: bool = False) -> dict[str, Any]:
+def measure(
+    clients: int, runs: int, rate: float, seconds: float, idle: float, profile: bool = False, metrics: bool = False
+) -> dict[str, Any]:
     """One measurement in this (patched) process; see the module docstring."""
     import gc
     import pathlib
@@ -109,6 +115,12 @@ def measure(clients: int, runs: int, rate: float, seconds: float, idle: float, p
     from harness.processes import ROOT
     from harness.services import redis_url
 
+    if metrics:
+        from api.core.durable_stream import set_observer
+        from api.libs import metrics as app_metrics
+
+        set_observer(app_metrics.StreamMetrics())
+        app_metrics.enable()
     var_dir = pathlib.Path(tempfile.mkdtemp(prefix="profile-sse-"))
     stream_url = redis_url(0, f"key_prefix=profile-{uuid.uuid4().hex[:8]}")
     env = base_env(
@@ -199,7 +211,8 @@ def measure(clients: int, runs: int, rate: float, seconds: float, idle: float, p
     latencies.clear()
     cpu0, wall0, delivered0, chunks0 = _cpu(), time.monotonic(), delivered[0], chunks[0]
     producer = subprocess.Popen(
-        [sys.executable, "-c", _PRODUCER, stream_url, json.dumps(topics), str(rate), str(seconds)],
+        [sys.executable, "-c", _PRODUCER, stream_url, json.dumps(topics), str(rate), str(seconds)]
+        + (["stamped"] if metrics else []),
         stdout=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
@@ -279,19 +292,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--idle", type=float, default=25.0, help="how long the idle CPU is measured")
     parser.add_argument("--profile", action="store_true", help="cProfile both phases, count objects (stderr)")
     parser.add_argument("--micro", action="store_true", help="only the per-event micro-benchmark")
+    parser.add_argument("--metrics", action="store_true", help="metrics on, events stored with their envelope")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.micro:
         print(json.dumps(micro()))
         return
     if args.one:
-        result = measure(args.clients[0], args.runs, args.rate, args.seconds, args.idle, args.profile)
+        result = measure(args.clients[0], args.runs, args.rate, args.seconds, args.idle, args.profile, args.metrics)
         print(json.dumps(result), flush=True)
         os._exit(0)  # thousands of open streams: no orderly teardown to wait for
     for clients in args.clients:
         command = [sys.executable, "-m", "gevent.monkey", "--module", "tools.profile_sse", "--one"]
         command += ["--clients", str(clients), "--runs", str(args.runs), "--rate", str(args.rate)]
         command += ["--seconds", str(args.seconds), "--idle", str(args.idle)] + (["--profile"] * args.profile)
+        command += ["--metrics"] * args.metrics
         output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
         print(output.strip().splitlines()[-1], flush=True)
 

@@ -111,6 +111,42 @@ class AppConfig(BaseSettings):
             return self.DEMO_PAGE_ENABLED
         return self.SECRET_KEY == DEVELOPMENT_SECRET_KEY
 
+    WEB_WORKER_CONNECTIONS: int = Field(
+        default=10000,
+        ge=1,
+        description="Connections (open event streams) one gunicorn gevent worker accepts (api/gunicorn_conf.py).",
+    )
+    API_METRICS_BIND: str = Field(
+        default="",
+        description="host:port on which the gunicorn master serves the API processes' Prometheus metrics "
+        "(a listener of its own, never the API's port); empty: no metrics.",
+    )
+    WORKER_METRICS_BIND: str = Field(
+        default="",
+        description="host:port on which a Celery worker's main process serves its Prometheus metrics; empty: none.",
+    )
+    METRICS_DIR: str = Field(
+        default="",
+        description="Where the processes of a role keep their metric files (PROMETHEUS_MULTIPROC_DIR is "
+        "METRICS_DIR/api or METRICS_DIR/worker); default VAR_DIR/metrics. Emptied when the role starts.",
+    )
+    METRICS_FLUSH_INTERVAL: float = Field(
+        default=1.0, gt=0, description="Seconds between the publications of a process's counts to its metric files."
+    )
+    LOG_FORMAT: Literal["json", "text"] = Field(
+        default="json", description="Log lines as JSON objects (one per line) or as plain text."
+    )
+    LOG_LEVEL: str = Field(default="INFO", description="Level of the app's loggers.")
+    BEAT_REAPER_INTERVAL: float = Field(
+        default=30,
+        description="Celery beat: seconds between scheduled reaper sweeps (reap_expired_workflow_runs); 0: none.",
+    )
+    BEAT_RETENTION_INTERVAL: float = Field(
+        default=600,
+        description="Celery beat: seconds between scheduled enforce_retention() sweeps (enforce_stream_retention); "
+        "0: none.",
+    )
+
     def database_uri(self) -> str:
         return self.SQLALCHEMY_DATABASE_URI or f"sqlite:///{self.VAR_DIR / 'app.db'}"
 

@@ -50,7 +50,32 @@ def init_app(app: Flask, config: AppConfig) -> Celery:
             "store_processed": False,
             "polling_interval": 0.1,
         }
+    settings["beat_schedule"] = beat_schedule(config)
+    # Beat's record of when each entry last ran, with the app's other files rather than in the cwd.
+    settings["beat_schedule_filename"] = str(config.VAR_DIR / "celerybeat-schedule")
+    config.VAR_DIR.mkdir(parents=True, exist_ok=True)
     celery_app.conf.update(settings)
     celery_app.set_default()
     app.extensions["celery"] = celery_app
     return celery_app
+
+
+def beat_schedule(config: AppConfig) -> dict[str, dict[str, Any]]:
+    """What ``celery beat`` sends: a reaper sweep and a retention sweep, each on its own interval (0: never).
+
+    Each entry expires after its own interval: a sweep no worker took in time is dropped, not piled up.
+    """
+    schedule: dict[str, dict[str, Any]] = {}
+    if config.BEAT_REAPER_INTERVAL > 0:
+        schedule["reap-expired-workflow-runs"] = {
+            "task": "reap_expired_workflow_runs",
+            "schedule": config.BEAT_REAPER_INTERVAL,
+            "options": {"expires": config.BEAT_REAPER_INTERVAL},
+        }
+    if config.BEAT_RETENTION_INTERVAL > 0 and config.WORKFLOW_EVENT_TRANSPORT == "durable_stream":
+        schedule["enforce-stream-retention"] = {
+            "task": "enforce_stream_retention",
+            "schedule": config.BEAT_RETENTION_INTERVAL,
+            "options": {"expires": config.BEAT_RETENTION_INTERVAL},
+        }
+    return schedule

@@ -69,12 +69,10 @@ class Reaper:
             db.session.remove()
 
     def _enforce_retention(self) -> None:
-        from api.extensions.ext_durable_stream import durable_stream
+        from api.services.retention import enforce_retention
 
         try:
-            removed = durable_stream().admin.enforce_retention()
-            if removed:
-                logger.info("reaper: retention removed %d record(s)", removed)
+            enforce_retention()
         except Exception:
             logger.exception("reaper: enforce_retention() failed")
 

@@ -28,6 +28,7 @@ from api.core.durable_stream import DurableStreamError
 from api.core.workflow.engine import finished_event
 from api.core.workflow.events import make_event
 from api.extensions.ext_event_bus import event_transport
+from api.libs import log_context, metrics
 from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
@@ -84,8 +85,16 @@ def check_run(app: App, run: WorkflowRun) -> bool:
 
     Returns whether anything changed. ``run`` is refreshed when its row changed.
     """
-    failed = check_lease(app, run) or check_start_deadline(app, run)
-    return repair_end(app, run) or failed
+    with log_context.bound(run_log_fields(app, run)):
+        failed = check_lease(app, run) or check_start_deadline(app, run)
+        return repair_end(app, run) or failed
+
+
+def run_log_fields(app: App, run: WorkflowRun) -> dict[str, str]:
+    """What every log line about ``run`` carries (see ``api.libs.log_context``)."""
+    return log_context.fields_of(
+        app_id=app.id, task_id=run.task_id, workflow_run_id=run.id, transport=_config().WORKFLOW_EVENT_TRANSPORT
+    )
 
 
 def check_run_by_id(run_id: str) -> bool:
@@ -112,6 +121,7 @@ def check_lease(app: App, run: WorkflowRun) -> bool:
         return False
     if not run_store.fail_if_lease_expired(run.id, LEASE_EXPIRED_ERROR):
         return False
+    metrics.REAPS.tally.add(("lease_expired",))
     logger.warning("run %s: its worker's lease expired; the run failed", run.id)
     db.session.refresh(run)
     repair_end(app, run)
@@ -128,6 +138,7 @@ def check_start_deadline(app: App, run: WorkflowRun) -> bool:
     error = f"no worker started the run within {timeout:g} s of queueing it"
     if not run_store.fail_if_not_started(run.id, error, time.time() - timeout):
         return False
+    metrics.REAPS.tally.add(("not_started",))
     logger.warning("run %s: %s; the run failed", run.id, error)
     db.session.refresh(run)
     repair_end(app, run)
@@ -179,12 +190,13 @@ def reap() -> ReapReport:
     report = ReapReport()
     for run, app in rows:
         try:
-            if check_lease(app, run):
-                report.lease_expired += 1
-            elif check_start_deadline(app, run):
-                report.not_started += 1
-            elif repair_end(app, run):
-                report.ends_written += 1
+            with log_context.bound(run_log_fields(app, run)):
+                if check_lease(app, run):
+                    report.lease_expired += 1
+                elif check_start_deadline(app, run):
+                    report.not_started += 1
+                elif repair_end(app, run):
+                    report.ends_written += 1
         except Exception:  # one run's trouble must not stop the sweep
             logger.exception("reaper: could not check run %s", run.id)
             db.session.rollback()

@@ -30,6 +30,7 @@ from api.core.app.apps.message_generator import (
 )
 from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, DurableStreamError, TopicCursor
 from api.extensions.ext_event_bus import event_transport
+from api.libs import log_context, metrics
 from api.libs.errors import GoneError, ServiceUnavailableError
 from api.models import App, WorkflowRun
 from api.models.engine import db
@@ -207,6 +208,11 @@ def _events(
     # The run's row is checked by the process's watcher, with every other watched run: the stream
     # itself only waits for its events and its pings.
     watch = watcher.watch(run_id, subscription, live_only=not subscription.resumable)
+    transport = ("durable_stream",) if subscription.resumable else ("broadcast_channel",)
+    metrics.STREAMS_OPEN.tally.add(transport)
+    fields = log_context.fields_of(app_id=app.id, task_id=run.task_id, workflow_run_id=run_id, transport=transport[0])
+    binding = log_context.bound(fields)
+    binding.__enter__()  # for the stream's life, in the greenlet that serves it
     try:
         if first is CLOSED:
             yield PING
@@ -228,8 +234,10 @@ def _events(
     except DurableStreamError as exc:
         yield _error_notice(run_id, "stream_unavailable", str(exc), 503)
     finally:
+        metrics.STREAMS_OPEN.tally.add(transport, -1)
         watcher.unwatch(watch)
         subscription.close()
+        binding.__exit__(None, None, None)
 
 
 def _error_notice(run_id: str, code: str, message: str, status: int) -> Notice:

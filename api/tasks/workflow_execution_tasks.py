@@ -16,7 +16,7 @@ from sqlalchemy.exc import OperationalError
 
 from api.core.app.apps.workflow_app_runner import AttemptNotClaimedError, execute_run
 from api.extensions.ext_event_bus import event_transport
-from api.services import run_recovery
+from api.services import retention, run_recovery
 
 logger = logging.getLogger(__name__)
 
@@ -55,3 +55,9 @@ def resume_app_execution(workflow_run_id: str, form: dict[str, Any], attempt_id:
 def reap_expired_workflow_runs() -> str:
     """One reaper sweep, for deployments that schedule it with Celery beat as well."""
     return str(run_recovery.reap())
+
+
+@shared_task(name="enforce_stream_retention", ignore_result=True)
+def enforce_stream_retention() -> int:
+    """One retention sweep of the stream store, scheduled by Celery beat (``BEAT_RETENTION_INTERVAL``)."""
+    return retention.enforce_retention()

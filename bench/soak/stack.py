@@ -7,6 +7,7 @@ import pathlib
 from collections.abc import Collection
 from typing import Any
 
+from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, DurableStreamBackend
 from harness.app_env import base_env
@@ -53,7 +54,7 @@ def stored_events(
                 return events, True
             if record is None:
                 return events, False
-            events.append(json.loads(record.payload))
+            events.append(json.loads(unstamped(record.payload)))
 
 
 TERMINAL = ("succeeded", "failed", "stopped")

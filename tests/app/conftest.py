@@ -20,6 +20,7 @@ from flask.testing import FlaskClient
 
 from api.app_factory import create_app
 from api.configs import AppConfig
+from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.extensions.ext_durable_stream import durable_stream
 from api.models.engine import db
@@ -63,7 +64,7 @@ class AppHarness:
                     record = subscription.receive(timeout=0)
                     if record is None or not hasattr(record, "payload"):
                         break
-                    events.append(json.loads(record.payload))
+                    events.append(json.loads(unstamped(record.payload)))
             return events
 
     def topic_info(self, run_id: str, mode: str = "workflow") -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.event_transport import DurableEventTransport
 from api.core.app.apps.execution_coordinator import (
     AppExecutionCoordinator,
@@ -62,7 +63,7 @@ def read_all(topic: DurableStreamTopic) -> tuple[list[dict[str, Any]], bool]:
                 return events, True
             if record is None:
                 return events, False
-            events.append(json.loads(record.payload))
+            events.append(json.loads(unstamped(record.payload)))
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from api.configs import AppConfig
+from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, connect
 from api.extensions.ext_durable_stream import stream_url_with_retention
@@ -77,7 +78,7 @@ def test_dropping_clients_resume_exactly_through_gunicorn_gevent(served: ServedS
             with backend.topic(workflow_run_topic("workflow", run.run_id)).subscribe_from_beginning() as subscription:
                 while (record := subscription.receive(timeout=5)) is not CLOSED:
                     assert record is not None, "the run's topic was never sealed"
-                    stored.append(json.loads(record.payload))
+                    stored.append(json.loads(unstamped(record.payload)))
             assert run.reconnects >= 1
             assert run.received == stored, (
                 f"run {run.run_id}: events lost, repeated or reordered across {run.reconnects} reconnects"

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED
 from api.extensions.ext_durable_stream import durable_stream
@@ -64,7 +65,7 @@ def stored_events(stack: ServedStack, run_id: str) -> list[tuple[str, dict[str, 
         with durable_stream().topic(workflow_run_topic("workflow", run_id)).subscribe_from_beginning() as subscription:
             while (record := subscription.receive(timeout=5)) is not CLOSED:
                 assert record is not None, f"the topic of run {run_id} was never sealed"
-                events.append((str(record.cursor), json.loads(record.payload)))
+                events.append((str(record.cursor), json.loads(unstamped(record.payload))))
         return events
 
 

@@ -20,6 +20,7 @@ import pytest
 from durable_workflow_client import RetryPolicy
 from sqlalchemy import select
 
+from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED
 from api.extensions.ext_durable_stream import durable_stream
@@ -88,7 +89,7 @@ class Sdk:
             with topic.subscribe_from_beginning() as subscription:
                 while (record := subscription.receive(timeout=10)) is not CLOSED:
                     assert record is not None, f"the topic of run {run_id} was not sealed in time"
-                    events.append(json.loads(record.payload))
+                    events.append(json.loads(unstamped(record.payload)))
             return events
 
     def trim(self, run_id: str, keep_last: int) -> None:

@@ -7,14 +7,19 @@ a run's event goes out as ``id: <resume token>`` + ``data: <payload as stored>``
 Messages are built as bytes straight from the stored payload (no decode and re-encode); every item
 is one chunk, so the events of an :class:`~api.core.app.apps.message_generator.EventBatch` (those
 that were ready at once) go out in one write to the client's socket.
+
+Each write of events is one delivery-lag sample (``api.libs.metrics``), taken from the first event
+of the write (the one that waited longest), when metrics are on: one flag test per write otherwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
 
+from api.core.app.apps.event_codec import stamp_of
 from api.core.app.apps.message_generator import EventBatch, Ping, StreamEvent, StreamItem
 from api.core.durable_stream import TopicCursor
+from api.libs import metrics
 
 PING = b"event: ping\n\n"
 
@@ -42,8 +47,12 @@ def sse_messages(
     try:
         for item in items:
             if isinstance(item, StreamEvent):
+                if item.stored is not None and metrics.enabled():
+                    _observe_lag(item)
                 yield _event_message(item, resume_token)
             elif isinstance(item, EventBatch):
+                if item.events[0].stored is not None and metrics.enabled():
+                    _observe_lag(item.events[0])
                 yield b"".join([_event_message(event, resume_token) for event in item.events])
             elif isinstance(item, Ping):
                 yield PING
@@ -51,6 +60,13 @@ def sse_messages(
                 yield sse_message(item.payload, event=item.event)
     finally:
         items.close()
+
+
+def _observe_lag(event: StreamEvent) -> None:
+    assert event.stored is not None
+    stamp = stamp_of(event.stored)
+    if stamp is not None:
+        metrics.observe_lag("broadcast_channel" if event.cursor is None else "durable_stream", stamp)
 
 
 def _event_message(event: StreamEvent, resume_token: Callable[[TopicCursor], bytes]) -> bytes:

@@ -7,6 +7,7 @@ cursors only).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from flask import Response, request, stream_with_context
@@ -14,12 +15,16 @@ from flask import Response, request, stream_with_context
 from api.controllers.common.sse import SSE_HEADERS, sse_messages
 from api.core.durable_stream import TopicCursor
 from api.extensions.ext_resume_token import resume_token_codec
-from api.libs.errors import InvalidParamError
+from api.libs import log_context, metrics
+from api.libs.errors import GoneError, InvalidParamError, NotFoundError, ServiceUnavailableError
 from api.libs.resume_token import InvalidResumeTokenError
 from api.models import App, WorkflowRun
 from api.services import workflow_event_service as event_streams
 from api.services import workflow_run_service as runs
+from api.services.run_recovery import run_log_fields
 from api.services.workflow_event_service import EventStream
+
+logger = logging.getLogger(__name__)
 
 
 def start_run(app_model: App, body: Any) -> Any:
@@ -35,13 +40,44 @@ def start_run(app_model: App, body: Any) -> Any:
     return runs.run_blocking(app_model, run)
 
 
-def run_events(app_model: App, run: WorkflowRun) -> Response:
+def run_events(app_model: App, task_id: str, user: str) -> Response:
     """``GET …/workflow/<task_id>/events``: ``Last-Event-ID`` (header or query) and ``continue_on_pause``.
 
+    Every outcome is counted (``workflow_sse_resumes_total``): ``resumed`` (the stream starts),
+    ``invalid_token`` (400), ``expired`` (410), ``not_found`` (404), ``unavailable`` (503).
+
     Raises:
+        NotFoundError: (404) no such run of this app and user.
         InvalidParamError: (400, ``invalid_resume_token``) the token is malformed, forged, made with an
             unknown key, or belongs to another run or user.
+        GoneError: (410) see ``workflow_event_service.reconnect``.
     """
+    try:
+        run = runs.get_run_by_task(app_model, task_id, user)
+    except NotFoundError:
+        metrics.RESUMES.tally.add(("not_found",))
+        raise
+    with log_context.bound(run_log_fields(app_model, run)):
+        try:
+            response = _run_events(app_model, run)
+        except InvalidParamError as exc:
+            if exc.code == "invalid_resume_token":
+                metrics.RESUMES.tally.add(("invalid_token",))
+                logger.info("run %s: a reconnect's resume token was refused (%s)", run.id, exc.code)
+            raise
+        except GoneError as exc:
+            metrics.RESUMES.tally.add(("expired",))
+            logger.info("run %s: a reconnect came too late (%s)", run.id, exc.code)
+            raise
+        except ServiceUnavailableError as exc:
+            metrics.RESUMES.tally.add(("unavailable",))
+            logger.warning("run %s: a reconnect found the event stream unavailable (%s)", run.id, exc.code)
+            raise
+    metrics.RESUMES.tally.add(("resumed",))
+    return response
+
+
+def _run_events(app_model: App, run: WorkflowRun) -> Response:
     cursor = None
     token = last_event_id()
     if token is not None and event_streams.resumable():  # a live-only transport ignores it

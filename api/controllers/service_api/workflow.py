@@ -62,7 +62,7 @@ class WorkflowEventsApi(Resource):  # type: ignore[misc]
         user = request.args.get("user")
         if not user:
             raise InvalidParamError("the 'user' query parameter is required")
-        return run_events(app_model, runs.get_run_by_task(app_model, task_id, user))
+        return run_events(app_model, task_id, user)
 
 
 api.add_resource(WorkflowRunApi, "/workflows/run")

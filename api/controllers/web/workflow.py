@@ -35,7 +35,7 @@ class WebWorkflowTaskStopApi(Resource):  # type: ignore[misc]
 class WebWorkflowEventsApi(Resource):  # type: ignore[misc]
     @validate_passport
     def get(self, app_model: App, end_user: str, task_id: str) -> Any:
-        return run_events(app_model, runs.get_run_by_task(app_model, task_id, end_user))
+        return run_events(app_model, task_id, end_user)
 
 
 api.add_resource(WebWorkflowRunApi, "/workflows/run")

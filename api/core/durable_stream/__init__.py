@@ -18,6 +18,10 @@ beginning, from the tail, or strictly after a cursor returned with an earlier re
 The contract lives in :mod:`._contract`; adapters are chosen by URL scheme in :func:`connect` and
 live in :mod:`.adapters` (``memory``, ``sqlite``, ``redis``, ``postgres``, ``nats``), one sub-package each whose
 docstring is its capability card (rendered to ``docs/adapters/`` by ``make docs``).
+
+Metrics hooks: :func:`set_observer` registers a :class:`DurableStreamObserver` (see
+:mod:`._observer`) that every backend connected afterwards reports appends, reads, subscriptions
+and errors to; none is set by default, and the library depends on no metrics package.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from ._contract import (
     TopicSealedError,
 )
 from ._driver import TopicInfo
+from ._observer import DurableStreamObserver, current_observer, set_observer
 
 __all__ = [
     "CLOSED",
@@ -46,6 +51,7 @@ __all__ = [
     "DurableStreamAdmin",
     "DurableStreamBackend",
     "DurableStreamError",
+    "DurableStreamObserver",
     "DurableStreamProducer",
     "DurableStreamRecord",
     "DurableStreamSubscription",
@@ -55,4 +61,6 @@ __all__ = [
     "TopicInfo",
     "TopicSealedError",
     "connect",
+    "current_observer",
+    "set_observer",
 ]

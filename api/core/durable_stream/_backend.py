@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from typing import TYPE_CHECKING, Self
 
 from ._contract import (
+    CursorUnavailableError,
     DurableStreamProducer,
     DurableStreamSubscription,
     DurableStreamTopic,
     DurableStreamUnavailableError,
     TopicCursor,
+    TopicSealedError,
 )
 from ._cursor import CursorCodec
 from ._driver import Driver, Position, TopicHead, TopicInfo
 from ._engine import DEFAULT_BUFFER_SIZE, Engine
-from ._subscription import Subscription
+from ._observer import APPEND_OK, APPEND_SEALED, APPEND_UNAVAILABLE, DurableStreamObserver
+from ._subscription import START_BEGINNING, START_CURSOR, START_TAIL, Subscription
 
 if TYPE_CHECKING:
     import types
@@ -40,8 +45,10 @@ class DurableStreamBackend:
     subscription it handed out.
     """
 
-    def __init__(self, driver: Driver, *, buffer_size: int = DEFAULT_BUFFER_SIZE, url: str = "") -> None:
-        self._engine = Engine(driver, buffer_size=buffer_size)
+    def __init__(
+        self, driver: Driver, *, buffer_size: int = DEFAULT_BUFFER_SIZE, url: str = "", name: str = "unknown"
+    ) -> None:
+        self._engine = Engine(driver, buffer_size=buffer_size, name=name)
         self._url = url
         self.admin = DurableStreamAdmin(self)
 
@@ -138,8 +145,25 @@ class _Topic(DurableStreamTopic):
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
         data = bytes(payload)
-        self._engine.call(lambda: self._engine.driver.append(self.name, data))
+        observer = self._engine.observer
+        if observer is None:
+            self._engine.call(lambda: self._engine.driver.append(self.name, data))
+        else:
+            self._observed_append(observer, data)
         self._engine.notifier.notify(self.name)
+
+    def _observed_append(self, observer: DurableStreamObserver, data: bytes) -> None:
+        outcome = APPEND_UNAVAILABLE
+        started = time.perf_counter()
+        try:
+            self._engine.call(lambda: self._engine.driver.append(self.name, data))
+            outcome = APPEND_OK
+        except TopicSealedError:
+            outcome = APPEND_SEALED
+            raise
+        finally:
+            with contextlib.suppress(Exception):  # an observer's bug must not change the append's outcome
+                observer.appended(self._engine.name, outcome, time.perf_counter() - started)
 
     def as_producer(self) -> DurableStreamProducer:
         return _Producer(self)
@@ -150,17 +174,23 @@ class _Topic(DurableStreamTopic):
 
     def subscribe_from_beginning(self) -> DurableStreamSubscription:
         head = self._current_head()
-        return Subscription(self._engine, self.name, self._codec, head.epoch, Position(head.first - 1))
+        start = Position(head.first - 1)
+        return Subscription(self._engine, self.name, self._codec, head.epoch, start, kind=START_BEGINNING)
 
     def subscribe_from_tail(self) -> DurableStreamSubscription:
         head = self._current_head()
-        return Subscription(self._engine, self.name, self._codec, head.epoch, Position(head.last, head.last_native))
+        start = Position(head.last, head.last_native)
+        return Subscription(self._engine, self.name, self._codec, head.epoch, start, kind=START_TAIL)
 
     def subscribe_from_cursor(self, cursor: TopicCursor) -> DurableStreamSubscription:
         if self._engine.closed:
             raise DurableStreamUnavailableError("the durable-stream backend is closed")
-        decoded = self._codec.decode(cursor)
-        return Subscription(self._engine, self.name, self._codec, decoded.epoch, decoded.position)
+        try:
+            decoded = self._codec.decode(cursor)
+        except CursorUnavailableError as exc:
+            self._engine.observe_error(exc)
+            raise
+        return Subscription(self._engine, self.name, self._codec, decoded.epoch, decoded.position, kind=START_CURSOR)
 
     def _current_head(self) -> TopicHead:
         head = self._engine.call(lambda: self._engine.driver.head(self.name, create=True))

@@ -70,7 +70,9 @@ def connect(url: str, **options: Any) -> DurableStreamBackend:
     except ValueError:
         driver.close()
         raise
-    return DurableStreamBackend(driver, buffer_size=buffer_size, url=redact_url(parts))
+    # The adapter's package names the backend for observers: "postgresql+psycopg://" is "postgres".
+    name = module_name.split(".")[2]
+    return DurableStreamBackend(driver, buffer_size=buffer_size, url=redact_url(parts), name=name)
 
 
 def redact_url(parts: urllib.parse.SplitResult) -> str:

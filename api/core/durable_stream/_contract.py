@@ -64,7 +64,15 @@ class CursorUnavailableError(DurableStreamError):
     Raised for malformed or truncated cursors, cursors of another topic or of an earlier
     incarnation of this topic, and positions that retention has removed. The adapter never falls
     back to the beginning or the tail instead.
+
+    ``reason`` says which, where the library knows: ``trimmed`` (retention removed the position),
+    ``epoch`` (the topic was deleted, expired or re-created), ``foreign`` (another topic's cursor),
+    ``malformed``; else ``unknown``.
     """
+
+    def __init__(self, *args: object, reason: str = "unknown") -> None:
+        super().__init__(*args)
+        self.reason = reason
 
 
 class DurableStreamUnavailableError(DurableStreamError):

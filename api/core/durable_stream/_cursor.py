@@ -16,6 +16,7 @@ import struct
 
 from ._contract import CursorUnavailableError, TopicCursor
 from ._driver import Position
+from ._observer import REASON_FOREIGN, REASON_MALFORMED
 
 __all__ = ["CursorCodec", "DecodedCursor"]
 
@@ -64,32 +65,32 @@ class CursorCodec:
             CursorUnavailableError: The cursor is not a string this codec produced for this topic.
         """
         if not isinstance(cursor, str) or not cursor or len(cursor) > _MAX_CURSOR_LENGTH:
-            raise CursorUnavailableError("malformed cursor")
+            raise CursorUnavailableError("malformed cursor", reason=REASON_MALFORMED)
         version, dot, text = cursor.partition(".")
         if not dot or version != _VERSION:
-            raise CursorUnavailableError("malformed cursor: unknown version")
+            raise CursorUnavailableError("malformed cursor: unknown version", reason=REASON_MALFORMED)
         try:
             raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
         except (binascii.Error, ValueError) as exc:
-            raise CursorUnavailableError("malformed cursor: bad encoding") from exc
+            raise CursorUnavailableError("malformed cursor: bad encoding", reason=REASON_MALFORMED) from exc
         if base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii") != text:
-            raise CursorUnavailableError("malformed cursor: not canonical")
+            raise CursorUnavailableError("malformed cursor: not canonical", reason=REASON_MALFORMED)
         body, checksum = raw[:-_CHECKSUM_SIZE], raw[-_CHECKSUM_SIZE:]
         if len(body) < _HEADER.size + 1 or _checksum(body) != checksum:
-            raise CursorUnavailableError("malformed cursor: truncated or corrupted")
+            raise CursorUnavailableError("malformed cursor: truncated or corrupted", reason=REASON_MALFORMED)
         digest, ordinal = _HEADER.unpack_from(body)
         if digest != self.digest:
-            raise CursorUnavailableError("cursor belongs to another topic")
+            raise CursorUnavailableError("cursor belongs to another topic", reason=REASON_FOREIGN)
         epoch_length = body[_HEADER.size]
         epoch_end = _HEADER.size + 1 + epoch_length
         epoch_raw = body[_HEADER.size + 1 : epoch_end]
         if not epoch_raw or len(epoch_raw) != epoch_length:
-            raise CursorUnavailableError("malformed cursor")
+            raise CursorUnavailableError("malformed cursor", reason=REASON_MALFORMED)
         try:
             epoch = epoch_raw.decode()
             native = body[epoch_end:].decode()
         except UnicodeDecodeError as exc:
-            raise CursorUnavailableError("malformed cursor") from exc
+            raise CursorUnavailableError("malformed cursor", reason=REASON_MALFORMED) from exc
         return DecodedCursor(epoch=epoch, position=Position(ordinal, native))
 
 

@@ -8,12 +8,13 @@ detection exact on every backend.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import threading
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Self
 
 from ._contract import (
@@ -29,8 +30,12 @@ from ._cooperative import new_wake
 from ._cursor import CursorCodec
 from ._driver import Batch, Position, StoredRecord
 from ._engine import Engine
+from ._observer import REASON_EPOCH, REASON_TRIMMED
 
-__all__ = ["Subscription"]
+__all__ = ["START_BEGINNING", "START_CURSOR", "START_TAIL", "Subscription"]
+
+#: Where a subscription starts, as its observer hears it.
+START_BEGINNING, START_CURSOR, START_TAIL = "beginning", "cursor", "tail"
 
 #: Guards every subscription's state transitions (enter, close). They are rare and short, and one
 #: lock object per subscription would be one more long-lived object for the cyclic GC to scan
@@ -46,6 +51,12 @@ def _reset_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _notify(hook: Callable[..., None], *args: object) -> None:
+    """Call an observer's hook; its failure is its own (the caller's operation goes on)."""
+    with contextlib.suppress(Exception):
+        hook(*args)
 
 
 class _State(enum.Enum):
@@ -64,8 +75,12 @@ class Subscription(DurableStreamSubscription):
         codec: CursorCodec,
         epoch: str,
         start: Position,
+        *,
+        kind: str = START_CURSOR,
     ) -> None:
         self._engine = engine
+        if engine.observer is not None:  # only an observed subscription spends an attribute on it
+            self._kind = kind
         self._topic = topic
         self._codec = codec
         self._epoch = epoch
@@ -91,15 +106,21 @@ class Subscription(DurableStreamSubscription):
             if self._state is not _State.NEW:
                 raise DurableStreamUnavailableError("a subscription can be entered only once")
             self._state = _State.OPEN
+        observer = self._engine.observer
+        if observer is not None:
+            _notify(observer.subscription_opened, self._engine.name)
         try:
             self._engine.attach(self)
             self._engine.notifier.register(self._topic, self._wake)
             self._wake.clear()
             self._seen_version = None
-            self._fill()
+            start = self._ordinal
+            last = self._fill()
         except BaseException:
             self.close()
             raise
+        if observer is not None:
+            _notify(observer.subscription_started, self._engine.name, self._kind, max(last - start, 0))
         return self
 
     def __exit__(
@@ -125,6 +146,9 @@ class Subscription(DurableStreamSubscription):
                 self._engine.detach(self)
             except Exception:  # close() must never raise; nothing is left to release here
                 pass
+            observer = self._engine.observer
+            if observer is not None:
+                _notify(observer.subscription_closed, self._engine.name)
 
     def receive(self, timeout: float = 0.1) -> DurableStreamRecord | Closed | None:
         # Fast path: a buffered record needs no clock, no notifier and no driver.
@@ -193,20 +217,34 @@ class Subscription(DurableStreamSubscription):
         stored.delivered = (codec.digest, self._epoch, record)
         return record
 
-    def _fill(self) -> None:
-        """Read the next batch (the last one is used up), validating it against the expected ordinal."""
-        version = self._engine.notifier.version(self._topic)
+    def _fill(self) -> int:
+        """Read the next batch (the last one is used up), validating it against the expected ordinal.
+
+        Returns the topic's last ordinal as of the read.
+        """
+        engine = self._engine
+        version = engine.notifier.version(self._topic)
         try:
             after = Position(self._ordinal, self._native)
-            batch = self._engine.driver.read(self._topic, after, self._engine.buffer_size)
-        except DurableStreamError:
+            batch = engine.driver.read(self._topic, after, engine.buffer_size)
+        except DurableStreamError as exc:
+            engine.observe_error(exc)
             raise
         except Exception as exc:  # an adapter bug must still surface as a contract error
-            raise DurableStreamUnavailableError(f"read failed: {exc!r}") from exc
+            error = DurableStreamUnavailableError(f"read failed: {exc!r}")
+            engine.observe_error(error)
+            raise error from exc
         self._last_read = time.monotonic()
-        caught_up = self._accept(batch)
+        if engine.observer is not None:
+            _notify(engine.observer.records_read, engine.name, len(batch.records))
+        try:
+            caught_up = self._accept(batch)
+        except DurableStreamError as exc:
+            engine.observe_error(exc)
+            raise
         # Only a read that reached the head may be trusted until the next notification.
         self._seen_version = version if caught_up else None
+        return batch.head.last if batch.head is not None else self._ordinal
 
     def _accept(self, batch: Batch) -> bool:
         """Buffer a validated batch; return whether it reached the topic's last record."""
@@ -214,14 +252,16 @@ class Subscription(DurableStreamSubscription):
         position = self._ordinal
         if head is None or head.epoch != self._epoch:
             raise CursorUnavailableError(
-                f"topic {self._topic!r} was deleted, expired or re-created after this position was fixed"
+                f"topic {self._topic!r} was deleted, expired or re-created after this position was fixed",
+                reason=REASON_EPOCH,
             )
         expected = position + 1
         records = batch.records
         if records:
             if records[0].ordinal != expected:
                 raise CursorUnavailableError(
-                    f"records {expected}..{records[0].ordinal - 1} of topic {self._topic!r} are no longer retained"
+                    f"records {expected}..{records[0].ordinal - 1} of topic {self._topic!r} are no longer retained",
+                    reason=REASON_TRIMMED,
                 )
             for offset, record in enumerate(records):
                 if record.ordinal != expected + offset:
@@ -229,7 +269,9 @@ class Subscription(DurableStreamSubscription):
             self._batch, self._next = records, 0
             self._ordinal, self._native = records[-1].ordinal, records[-1].native
         elif head.first > expected or head.last < position:
-            raise CursorUnavailableError(f"position {position} of topic {self._topic!r} is no longer retained")
+            raise CursorUnavailableError(
+                f"position {position} of topic {self._topic!r} is no longer retained", reason=REASON_TRIMMED
+            )
         elif head.last > position:
             raise DurableStreamUnavailableError(f"backend returned no records after {position} of {self._topic!r}")
         if head.sealed:

@@ -31,11 +31,17 @@ from api.core.durable_stream import (
 )
 from api.libs.errors import EventStreamBusyError
 
+from .event_codec import STAMP_MARK, STAMP_SIZE, unstamped
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StreamMessage:
+    """A record as a reader gets it: the payload (without the envelope), its cursor, and the stored
+    bytes when they had an envelope (``event_codec.stamp_of`` reads the writer's clock in them)."""
+
     payload: bytes
     cursor: TopicCursor | None
+    stored: bytes | None = None
 
 
 class EventSubscription(Protocol):
@@ -99,7 +105,10 @@ class _DurableSubscription:
         record = self._subscription.receive(timeout)
         if record is None or record is CLOSED:
             return record
-        return StreamMessage(record.payload, record.cursor)
+        payload = record.payload
+        if payload[:1] == STAMP_MARK:  # one slice: the envelope is of fixed size
+            return StreamMessage(payload[STAMP_SIZE:], record.cursor, payload)
+        return StreamMessage(payload, record.cursor)
 
     def close(self) -> None:
         self._subscription.close()
@@ -133,7 +142,7 @@ class DurableEventTransport:
                 record = subscription.receive(timeout=0)
                 if record is None or record is CLOSED:
                     return last
-                last = record.payload
+                last = unstamped(record.payload)
 
 
 class _BroadcastTopic:
@@ -183,7 +192,11 @@ class _BroadcastSubscription:
             return CLOSED
         except BroadcastChannelUnavailableError as exc:
             raise DurableStreamUnavailableError(f"broadcast channel unavailable: {exc}") from exc
-        return None if payload is None else StreamMessage(payload, None)
+        if payload is None:
+            return None
+        if payload[:1] == STAMP_MARK:
+            return StreamMessage(payload[STAMP_SIZE:], None, payload)
+        return StreamMessage(payload, None)
 
     def close(self) -> None:
         self._subscription.close()

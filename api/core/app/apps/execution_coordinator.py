@@ -30,8 +30,9 @@ from typing import Any
 from api.core.durable_stream import DurableStreamProducer, TopicSealedError
 from api.core.workflow.engine import finished_event
 from api.core.workflow.events import make_event
+from api.libs import metrics
 
-from .event_codec import encode_event
+from .event_codec import encode_event, stamped
 from .event_transport import WorkflowEventTransport
 from .run_end import DeadlinePassedError, retry_until, write_end
 
@@ -102,11 +103,15 @@ class AppExecutionCoordinator:
         if self._max_execution_time > 0:
             self._watchdog = threading.Timer(
                 self._max_execution_time,
-                self.request_abort,
+                self._watchdog_fired,
                 args=(f"execution timed out after {self._max_execution_time:g} s",),
             )
             self._watchdog.daemon = True
             self._watchdog.start()
+
+    def _watchdog_fired(self, reason: str) -> None:
+        metrics.WATCHDOG_STOPS.tally.add(())
+        self.request_abort(reason)
 
     def request_abort(self, reason: str) -> None:
         """Ask the engine to stop at its next check. Runs at most once per attempt."""
@@ -189,7 +194,7 @@ class AppExecutionCoordinator:
 
     def _append(self, event: dict[str, Any]) -> None:
         try:
-            self._producer.append(encode_event(event))
+            self._producer.append(stamped(encode_event(event)))
         except TopicSealedError as exc:
             self._set_state(AppExecutionState.TERMINAL)
             raise RunTakenOverError(f"run {self.run.workflow_run_id} was already ended elsewhere") from exc
@@ -257,7 +262,7 @@ class AppExecutionCoordinator:
             tries += 1
             # A pause is the last event of its attempt: after a failure, look before writing again.
             if tries == 1 or self._transport.last_payload(self._topic_name) != payload:
-                self._producer.append(payload)
+                self._producer.append(stamped(payload))
 
         try:
             retry_until(deadline, write, what=f"write the pause of run {run_id}")

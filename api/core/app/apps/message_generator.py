@@ -51,12 +51,14 @@ class StreamEvent:
     """One event of the run: its name, its payload exactly as stored, and its position.
 
     ``cursor`` is ``None`` for an event that was not read from the topic (built from the run row)
-    or when the transport is live-only.
+    or when the transport is live-only. ``stored`` is the record with its envelope (the writer's
+    clock, for the delivery-lag metric), when it had one.
     """
 
     event: str
     payload: bytes
     cursor: TopicCursor | None
+    stored: bytes | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -176,7 +178,7 @@ def stream_topic_events(
             if name != first_event:
                 raise IncompleteRunError(f"the retained events begin with {name!r}, not {first_event!r}")
             first_event = None
-        event = StreamEvent(name or "", item.payload, item.cursor)
+        event = StreamEvent(name or "", item.payload, item.cursor, item.stored)
         last_event = last_sent = clock()
         if name in terminal:
             if name == "workflow_paused":

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from api.core.durable_stream import TopicSealedError
 
-from .event_codec import encode_event, event_name
+from .event_codec import encode_event, event_name, stamped
 from .event_transport import WorkflowEventTransport
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def write_end(
     """
     topic = transport.topic(name)
     if first_try and started is None:
-        topic.append(encode_event(finished))
+        topic.append(stamped(encode_event(finished)))
         topic.seal()
         return
     info = transport.topic_info(name)
@@ -98,9 +98,9 @@ def write_end(
     last = transport.last_payload(name) if info is not None and info.length else None
     try:
         if started is not None and transport.resumable and (info is None or info.last_ordinal == 0):
-            topic.append(encode_event(started))
+            topic.append(stamped(encode_event(started)))
         if last is None or event_name(last) != "workflow_finished":
-            topic.append(encode_event(finished))
+            topic.append(stamped(encode_event(finished)))
     except TopicSealedError:
         return  # sealed meanwhile by another writer of the end: it is written
     topic.seal()

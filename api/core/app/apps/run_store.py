@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Update, or_, select, update
 
+from api.libs import metrics
 from api.models import WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
@@ -121,7 +122,7 @@ def finish(
             **_ended(status, error, repair_after),
         )
     )
-    return _execute(statement) == 1
+    return _ended_run(_execute(statement) == 1, status)
 
 
 def pause(run_id: str, state: dict[str, Any], steps: int) -> bool:
@@ -169,7 +170,14 @@ def _fail_running(run_id: str, error: str, *conditions: ColumnElement[bool]) -> 
         .where(WorkflowRun.id == run_id, WorkflowRun.status == RUNNING, *conditions)
         .values(**_ended(FAILED, error, None))
     )
-    return _execute(statement) == 1
+    return _ended_run(_execute(statement) == 1, FAILED)
+
+
+def _ended_run(won: bool, status: str) -> bool:
+    """Count a run that this update ended (exactly one update ends each run)."""
+    if won:
+        metrics.RUNS_FINISHED.tally.add((status,))
+    return won
 
 
 def claim_end_repair(run_id: str, hold: float) -> bool:

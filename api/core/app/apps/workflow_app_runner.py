@@ -21,6 +21,7 @@ from api.configs import AppConfig
 from api.core.durable_stream import DurableStreamError
 from api.core.workflow import Graph, WorkflowEngine
 from api.core.workflow.engine import ResumePoint
+from api.libs import log_context
 from api.models import App, WorkflowRun
 from api.models.engine import db
 
@@ -67,9 +68,28 @@ def execute_run(
     assert app is not None
     topic_name = workflow_run_topic(app.mode, run.id)
     identity = RunIdentity(app.id, run.task_id, run.id, run.created_timestamp)
+    fields = log_context.fields_of(
+        app_id=app.id, task_id=run.task_id, workflow_run_id=run.id, transport=config.WORKFLOW_EVENT_TRANSPORT
+    )
+    with log_context.bound(fields):
+        return _attempt(config, transport, run, app, topic_name, identity, resume_form)
+
+
+def _attempt(
+    config: AppConfig,
+    transport: WorkflowEventTransport,
+    run: WorkflowRun,
+    app: App,
+    topic_name: str,
+    identity: RunIdentity,
+    resume_form: Mapping[str, Any] | None,
+) -> str | None:
+    """The claimed attempt of ``run`` (whose rows are still loaded), with its log fields bound."""
+    workflow_run_id = run.id
     graph_definition, inputs, end_user, state_json = app.graph_json, run.inputs, run.end_user, run.state_json
     epoch_known = run.stream_epoch is not None
     db.session.remove()  # the attempt may take minutes; hold no connection meanwhile
+    logger.info("run %s: attempt started%s", workflow_run_id, " (resumed)" if resume_form is not None else "")
 
     engine: WorkflowEngine | None = None
     steps = 0
@@ -158,4 +178,6 @@ def execute_run(
         if coordinator.finish(error):
             return "failed"
     outcome = engine.outcome if engine is not None else None
-    return None if outcome is None else outcome.status
+    status = None if outcome is None else outcome.status
+    logger.info("run %s: attempt ended (%s)", workflow_run_id, status)
+    return status

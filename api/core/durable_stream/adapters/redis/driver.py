@@ -140,7 +140,7 @@ class RedisDriver:
                 return prefetched
         if after.native and not _STREAM_ID.fullmatch(after.native):
             if not _EMPTY_POSITION.fullmatch(after.native):
-                raise CursorUnavailableError("malformed cursor position")
+                raise CursorUnavailableError("malformed cursor position", reason="malformed")
             after = Position(after.ordinal)  # before the first record: read from the start
         keys = self._keys(topic)
         stamp = None if self._prefetch is None else self._prefetch.stamp(topic)

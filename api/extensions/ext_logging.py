@@ -1,0 +1,67 @@
+"""Log lines: JSON objects, one per line (``LOG_FORMAT=json``, the default), or plain text.
+
+Every line carries ``ts``, ``level``, ``logger`` and ``message``, an ``exc`` with the traceback when
+there is one, and the run's ``app_id``, ``task_id``, ``workflow_run_id`` and ``transport`` when it is
+about a run (see :mod:`api.libs.log_context`). The handler goes on the root logger, so Celery's and
+gunicorn's own lines (``worker_hijack_root_logger`` is off) come out the same way. What the app
+logs is ids, statuses and errors: never an event payload, an input, an API key or a resume token.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+
+from flask import Flask
+
+from api.configs import AppConfig
+from api.libs.log_context import RUN_FIELDS, RunFieldsFilter
+
+__all__ = ["JsonFormatter", "TextFormatter", "init_app"]
+
+_MARK = "_api_log_handler"
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in RUN_FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                line[name] = value
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=True, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = " ".join(f"{name}={getattr(record, name)}" for name in RUN_FIELDS if hasattr(record, name))
+        return f"{text} [{fields}]" if fields else text
+
+
+def init_app(app: Flask, config: AppConfig) -> None:
+    """One handler on the root logger (replacing the one an earlier app of this process installed)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, _MARK, False):
+            root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    setattr(handler, _MARK, True)
+    handler.setFormatter(JsonFormatter() if config.LOG_FORMAT == "json" else TextFormatter())
+    handler.addFilter(RunFieldsFilter())
+    root.addHandler(handler)
+    logging.getLogger("api").setLevel(config.LOG_LEVEL.upper())
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)

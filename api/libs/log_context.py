@@ -1,0 +1,62 @@
+"""Which run a log line is about: ``app_id``, ``task_id``, ``workflow_run_id`` and ``transport`` on every line.
+
+Code that works on a run binds its fields once (:func:`bound`: the worker's attempt, an event
+stream, a reaper's check); :class:`RunFieldsFilter` adds them to every record logged meanwhile in
+that thread or greenlet. A line logged elsewhere about a bound run (a watchdog timer, a lease
+thread, the run watcher) names the run id among its arguments: the filter finds the fields by that
+id. Fields passed as ``extra=`` win.
+
+Lines never carry payloads, inputs, outputs or credentials: the fields are ids and a transport name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from collections.abc import Iterator, Mapping
+
+__all__ = ["RUN_FIELDS", "RunFieldsFilter", "bound", "fields_of"]
+
+#: The fields every line about a run carries.
+RUN_FIELDS = ("app_id", "task_id", "workflow_run_id", "transport")
+
+_current: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("run_log_fields", default=None)
+#: Fields of the runs bound in this process right now, by run id (for lines logged outside the binding).
+_by_run: dict[str, Mapping[str, str]] = {}
+
+
+def fields_of(*, app_id: str, task_id: str, workflow_run_id: str, transport: str) -> dict[str, str]:
+    return {"app_id": app_id, "task_id": task_id, "workflow_run_id": workflow_run_id, "transport": transport}
+
+
+@contextlib.contextmanager
+def bound(fields: Mapping[str, str]) -> Iterator[None]:
+    """Log ``fields`` on every line of this thread or greenlet until the block ends."""
+    token = _current.set(fields)
+    run_id = fields["workflow_run_id"]
+    _by_run[run_id] = fields
+    try:
+        yield
+    finally:
+        _by_run.pop(run_id, None)
+        try:
+            _current.reset(token)
+        except ValueError:  # a generator closed from another context: that context's value is not ours
+            _current.set(None)
+
+
+class RunFieldsFilter(logging.Filter):
+    """Adds the run's fields to a record (never drops one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "workflow_run_id", None) is not None:
+            return True
+        fields = _current.get()
+        if fields is None and _by_run and record.args:
+            arguments = record.args.values() if isinstance(record.args, Mapping) else record.args
+            fields = next((_by_run[arg] for arg in arguments if isinstance(arg, str) and arg in _by_run), None)
+        if fields is not None:
+            for name, value in fields.items():
+                setattr(record, name, value)
+        return True

@@ -1,0 +1,225 @@
+"""The app's metrics, counted in plain integers where they happen and published elsewhere.
+
+Counting code (the SSE edge, the run store, the reaper, the durable-stream observer) only adds to
+the tallies below: a dict update, no lock, no system call, no ``prometheus_client`` import. A
+publisher (``api.extensions.ext_metrics``) turns what was added since its last look into Prometheus
+metrics every ``METRICS_FLUSH_INTERVAL`` seconds. Under gevent nothing can interleave with an
+update; under a thread pool two threads adding to the same label at the same instant may lose one
+of the additions, which a rate over minutes does not notice and which no path here pays a lock to
+prevent.
+
+:data:`METRICS` declares every metric the app exports (name, kind, labels, help, buckets): the
+publisher builds the Prometheus objects from it and the dashboard test checks queries against it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from typing import Literal
+
+__all__ = [
+    "LAG",
+    "METRICS",
+    "Metric",
+    "StreamMetrics",
+    "Tally",
+    "enable",
+    "enabled",
+    "exported_names",
+    "observe_lag",
+]
+
+Kind = Literal["counter", "gauge", "histogram"]
+
+#: Seconds, from a worker's append to the API's write of the event to a client's socket.
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+RECORD_BUCKETS = (0.0, 1.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0)
+
+
+class Tally:
+    """Values per label tuple, only ever added to (a gauge's additions may be negative).
+
+    A counter or gauge keeps one number per labels; a histogram keeps its bucket counts (one per
+    bound, then +Inf, not cumulative, as ``prometheus_client`` keeps them) followed by the sum.
+    """
+
+    __slots__ = ("bounds", "values")
+
+    def __init__(self, bounds: Sequence[float] = ()) -> None:
+        self.bounds = tuple(bounds)
+        self.values: dict[tuple[str, ...], list[float]] = {}
+
+    def add(self, labels: tuple[str, ...], amount: float = 1) -> None:
+        slot = self.values.get(labels)
+        if slot is None:
+            slot = self.values[labels] = [0.0]
+        slot[0] += amount
+
+    def observe(self, labels: tuple[str, ...], value: float) -> None:
+        slot = self.values.get(labels)
+        if slot is None:
+            slot = self.values[labels] = [0.0] * (len(self.bounds) + 2)
+        slot[bisect.bisect_left(self.bounds, value)] += 1
+        slot[-1] += value
+
+    def snapshot(self) -> dict[tuple[str, ...], list[float]]:
+        return {labels: list(slot) for labels, slot in list(self.values.items())}
+
+    def reset(self) -> None:
+        self.values = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    tally: Tally = dataclasses.field(default_factory=Tally, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kind == "histogram":
+            object.__setattr__(self, "tally", Tally(self.buckets))
+
+
+def _metric(name: str, kind: Kind, help: str, *labels: str, buckets: tuple[float, ...] = ()) -> Metric:
+    return Metric(name, kind, help, labels, buckets)
+
+
+# The library's own activity, per backend (adapter) — fed by StreamMetrics, the durable-stream observer.
+APPENDS = _metric("durable_stream_appends_total", "counter", "Appends by outcome.", "backend", "outcome")
+APPEND_SECONDS = _metric(
+    "durable_stream_append_seconds", "histogram", "Append latency.", "backend", buckets=LATENCY_BUCKETS
+)
+RECORDS_READ = _metric("durable_stream_records_read_total", "counter", "Records read by subscriptions.", "backend")
+SUBSCRIPTIONS_OPEN = _metric("durable_stream_subscriptions_open", "gauge", "Subscriptions open.", "backend")
+BACKLOG = _metric(
+    "durable_stream_subscription_backlog_records",
+    "histogram",
+    "Retained records after a subscription's start when it began (what it replays), by start.",
+    "backend",
+    "start",
+    buckets=RECORD_BUCKETS,
+)
+CURSOR_UNAVAILABLE = _metric(
+    "durable_stream_cursor_unavailable_total", "counter", "CursorUnavailableError by reason.", "backend", "reason"
+)
+UNAVAILABLE = _metric(
+    "durable_stream_unavailable_total", "counter", "DurableStreamUnavailableError (the store failed).", "backend"
+)
+# The app's.
+STREAMS_OPEN = _metric("workflow_sse_streams_open", "gauge", "SSE event streams open.", "transport")
+RESUMES = _metric(
+    "workflow_sse_resumes_total",
+    "counter",
+    "Reconnects to a run's events by outcome: resumed, invalid_token (400), expired (410), not_found (404), "
+    "unavailable (503).",
+    "outcome",
+)
+LAG = _metric(
+    "workflow_event_delivery_lag_seconds",
+    "histogram",
+    "From the worker's append of an event to the API's write of it to a client (one sample per write).",
+    "transport",
+    buckets=LAG_BUCKETS,
+)
+RUNS_FINISHED = _metric("workflow_runs_finished_total", "counter", "Runs that reached a terminal status.", "status")
+REAPS = _metric("workflow_run_reaps_total", "counter", "Runs the reaper ended: lease_expired or not_started.", "reason")
+WATCHDOG_STOPS = _metric(
+    "workflow_watchdog_stops_total", "counter", "Attempts stopped by the APP_MAX_EXECUTION_TIME watchdog."
+)
+RETENTION_REMOVED = _metric(
+    "workflow_retention_removed_records_total", "counter", "Records enforce_retention() removed."
+)
+RETENTION_SWEEPS = _metric(
+    "workflow_retention_sweeps_total", "counter", "enforce_retention() sweeps by outcome: ok or failed.", "outcome"
+)
+
+METRICS: tuple[Metric, ...] = (
+    APPENDS,
+    APPEND_SECONDS,
+    RECORDS_READ,
+    SUBSCRIPTIONS_OPEN,
+    BACKLOG,
+    CURSOR_UNAVAILABLE,
+    UNAVAILABLE,
+    STREAMS_OPEN,
+    RESUMES,
+    LAG,
+    RUNS_FINISHED,
+    REAPS,
+    WATCHDOG_STOPS,
+    RETENTION_REMOVED,
+    RETENTION_SWEEPS,
+)
+
+_enabled = False
+
+
+def enable() -> None:
+    """Count the per-delivery samples too (the delivery lag): only worth it when something publishes them."""
+    global _enabled
+    _enabled = True
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def exported_names() -> frozenset[str]:
+    """Every sample name the app exports (a histogram's ``_bucket``, ``_sum`` and ``_count`` included)."""
+    names: set[str] = set()
+    for metric in METRICS:
+        if metric.kind == "histogram":
+            names.update(f"{metric.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
+        else:
+            names.add(metric.name)
+    return frozenset(names)
+
+
+def observe_lag(transport: str, stamp: float) -> None:
+    """One delivery-lag sample: an event the worker stamped at ``stamp`` (``time.time()``) is written now."""
+    if _enabled:
+        LAG.tally.observe((transport,), time.time() - stamp)
+
+
+class StreamMetrics:
+    """The durable-stream observer (``api.core.durable_stream.DurableStreamObserver``) that counts into tallies."""
+
+    def appended(self, backend: str, outcome: str, seconds: float) -> None:
+        APPENDS.tally.add((backend, outcome))
+        APPEND_SECONDS.tally.observe((backend,), seconds)
+
+    def records_read(self, backend: str, count: int) -> None:
+        if count:
+            RECORDS_READ.tally.add((backend,), count)
+
+    def subscription_opened(self, backend: str) -> None:
+        SUBSCRIPTIONS_OPEN.tally.add((backend,))
+
+    def subscription_started(self, backend: str, start: str, backlog: int) -> None:
+        BACKLOG.tally.observe((backend, start), backlog)
+
+    def subscription_closed(self, backend: str) -> None:
+        SUBSCRIPTIONS_OPEN.tally.add((backend,), -1)
+
+    def cursor_unavailable(self, backend: str, reason: str) -> None:
+        CURSOR_UNAVAILABLE.tally.add((backend, reason))
+
+    def unavailable(self, backend: str) -> None:
+        UNAVAILABLE.tally.add((backend,))
+
+
+def _reset_after_fork() -> None:
+    # What the parent counted is the parent's to publish; a forked child starts from nothing.
+    for metric in METRICS:
+        metric.tally.reset()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

@@ -1,0 +1,191 @@
+"""Operating the deployed processes (real ``gunicorn -k gevent`` and a real Celery worker): their
+Prometheus metrics, each scraped on its own bind while runs stream, resume, expire and fail, and
+their JSON log lines."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.core.app.apps.topics import workflow_run_topic
+from api.extensions.ext_durable_stream import durable_stream
+from harness.app_env import base_env
+from harness.processes import ROOT, Worker, free_port
+from harness.served_stack import ServedStack
+from harness.sse import parse_sse
+from harness.sse_client import read_run
+from harness.waiting import wait_until
+
+GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
+
+
+class Scraper:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def samples(self) -> list[tuple[str, dict[str, str], float]]:
+        text = requests.get(self.url, timeout=5).text
+        return [
+            (sample.name, sample.labels, sample.value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        ]
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sum of the samples called ``name`` whose labels include ``labels`` (0 when none)."""
+        return sum(
+            value
+            for sample, sample_labels, value in self.samples()
+            if sample == name and all(sample_labels.get(key) == wanted for key, wanted in labels.items())
+        )
+
+    def wait_for(self, name: str, minimum: float, **labels: str) -> float:
+        wait_until(lambda: self.value(name, **labels) >= minimum, timeout=15, what=f"{name}{labels} >= {minimum}")
+        return self.value(name, **labels)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedStack, Scraper, Scraper]]:
+    directory: pathlib.Path = tmp_path_factory.mktemp("metrics")
+    api_port, worker_port = free_port(), free_port()
+    env = base_env(
+        directory,
+        API_METRICS_BIND=f"127.0.0.1:{api_port}",
+        WORKER_METRICS_BIND=f"127.0.0.1:{worker_port}",
+        METRICS_FLUSH_INTERVAL=0.1,
+        LOG_FORMAT="json",
+        LOG_LEVEL="DEBUG",
+    )
+    with ServedStack(env, directory / "stack", servers=1, workers_per_server=2, celery_concurrency=2) as served:
+        yield served, Scraper(f"http://127.0.0.1:{api_port}/metrics"), Scraper(f"http://127.0.0.1:{worker_port}/")
+
+
+def _stream(url: str, key: str, definition_inputs: dict[str, Any] | None = None) -> tuple[str, list[Any]]:
+    response = requests.post(
+        f"{url}/v1/workflows/run",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"inputs": definition_inputs or {"name": "Ada"}, "user": "u1", "response_mode": "streaming"},
+        stream=True,
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    messages = [message for message in parse_sse(response.iter_content(None)) if not message.is_ping]
+    return response.headers["X-Task-Id"], messages
+
+
+def test_counters_move_as_runs_stream_resume_expire_and_fail(stack: tuple[ServedStack, Scraper, Scraper]) -> None:
+    served, api, worker = stack
+    url = served.urls[0]
+    key = served.create_app(GREETING)
+
+    # A run streams: the worker appends and finishes it, the API reads, delivers and measures the lag.
+    task_id, messages = _stream(url, key)
+    assert messages[-1].json["event"] == "workflow_finished"
+    assert all("\x1e" not in message.data for message in messages), "the envelope never reaches a client"
+    worker.wait_for("workflow_runs_finished_total", 1, status="succeeded")
+    appended = worker.wait_for("durable_stream_appends_total", len(messages) - 1, backend="sqlite", outcome="ok")
+    assert worker.value("durable_stream_append_seconds_count", backend="sqlite") >= appended
+    api.wait_for("workflow_event_delivery_lag_seconds_count", 1, transport="durable_stream")
+    assert api.value("workflow_event_delivery_lag_seconds_bucket", transport="durable_stream", le="+Inf") >= 1
+    api.wait_for("durable_stream_records_read_total", len(messages) - 1, backend="sqlite")
+    wait_until(lambda: api.value("workflow_sse_streams_open") == 0, 15, "the stream is counted closed")
+    assert api.value("durable_stream_subscriptions_open") == 0
+
+    # Resumes: after an event (replaying the rest), with a forged token, for an unknown task.
+    ids = [message.id for message in messages if message.id]
+    resumed = read_run(url, key, task_id, last_event_id=ids[0])
+    assert resumed.status == 200 and resumed.ended == "finished"
+    api.wait_for("workflow_sse_resumes_total", 1, outcome="resumed")
+    replayed = api.wait_for("durable_stream_subscription_backlog_records_sum", len(ids) - 1, start="cursor")
+    assert replayed >= len(ids) - 1
+    assert read_run(url, key, task_id, last_event_id="AQ" + ids[0][2:-2] + "zz").status == 400
+    api.wait_for("workflow_sse_resumes_total", 1, outcome="invalid_token")
+    assert read_run(url, key, "0" * 8 + "-0000-0000-0000-" + "0" * 12).status == 404
+    api.wait_for("workflow_sse_resumes_total", 1, outcome="not_found")
+
+    # Retention passes the client: its token is genuine but its position is gone.
+    with served.app.app_context():
+        durable_stream().admin.trim_topic(workflow_run_topic("workflow", messages[0].json["workflow_run_id"]), 1)
+    expired = read_run(url, key, task_id, last_event_id=ids[0])
+    assert expired.status == 410 and expired.error is not None and expired.error["code"] == "resume_cursor_expired"
+    api.wait_for("workflow_sse_resumes_total", 1, outcome="expired")
+    api.wait_for("durable_stream_cursor_unavailable_total", 1, backend="sqlite", reason="trimmed")
+
+    # A run fails (its model errs): counted by terminal status on the worker.
+    failing = copy.deepcopy(GREETING)
+    failing["graph"]["nodes"][1]["error_after_tokens"] = 2
+    failing["graph"]["nodes"][1]["error"] = "model overloaded"
+    _, failed = _stream(url, served.create_app(failing))
+    assert failed[-1].json["data"]["status"] == "failed"
+    worker.wait_for("workflow_runs_finished_total", 1, status="failed")
+    # Every sample either exporter shows is one the app declares (the dashboard test relies on it).
+    from api.libs.metrics import exported_names
+
+    shown = {name for name, _, _ in api.samples() + worker.samples()}
+    assert shown <= exported_names() | {name.removesuffix("_total") + "_created" for name in shown}
+
+
+def test_log_lines_about_a_run_are_json_with_its_ids_and_carry_no_payload_or_token(
+    stack: tuple[ServedStack, Scraper, Scraper],
+) -> None:
+    served, _, _ = stack
+    url = served.urls[0]
+    key = served.create_app(GREETING)
+    secret_input = "Zq-input-7731"
+    task_id, messages = _stream(url, key, {"name": secret_input})
+    run_id = messages[0].json["workflow_run_id"]
+    ids = [message.id for message in messages if message.id]
+    assert len(ids) >= 3
+    auth = {"Authorization": f"Bearer {key}"}
+    resumed = requests.get(f"{url}/v1/workflow/{task_id}/events?user=u1&last_event_id={ids[1]}", headers=auth)
+    assert resumed.status_code == 200
+    assert read_run(url, key, task_id, last_event_id=ids[2][:-4] + "AAAA").status == 400
+    worker_log, api_log = served.celery[0].log_path, served.servers[0].log_path
+
+    def about_run() -> list[str]:
+        text = worker_log.read_text(errors="replace") + api_log.read_text(errors="replace")
+        return [line for line in text.splitlines() if run_id in line]
+
+    wait_until(lambda: [line for line in about_run() if "attempt ended" in line], 15, "the worker logs the attempt")
+    wait_until(lambda: [line for line in about_run() if "refused" in line], 15, "the API logs the refused token")
+    lines = about_run()
+    assert len(lines) >= 3
+    for line in lines:
+        record = json.loads(line)  # every line about the run is one JSON object
+        assert {"ts", "level", "logger", "message"} <= record.keys(), line
+        assert record["workflow_run_id"] == run_id and record["task_id"] == task_id, line
+        assert record["transport"] == "durable_stream" and record["app_id"], line
+    everything = "".join(
+        path.read_text(errors="replace") for path in (worker_log, api_log, served.servers[0].access_log)
+    )
+    assert key not in everything, "an API key was logged"
+    assert secret_input not in everything, "a run's input or an event payload was logged"
+    assert "wonderful day" not in everything, "an event payload was logged"
+    leaked = [token for token in ids if token in everything]
+    assert not leaked, "resume tokens were logged"
+
+
+def test_a_prefork_worker_serves_what_its_pool_processes_count(tmp_path: pathlib.Path) -> None:
+    """Celery's prefork pool: the tasks run in forked children; the main process serves their sum."""
+    worker_port = free_port()
+    env = base_env(tmp_path, WORKER_METRICS_BIND=f"127.0.0.1:{worker_port}", METRICS_FLUSH_INTERVAL=0.1)
+    with ServedStack(env, tmp_path / "stack", servers=1, workers_per_server=1, celery_workers=0) as served:
+        served.celery.append(Worker(served.env, tmp_path / "prefork.log", 2, pool="prefork"))
+        served.celery[-1].wait_ready()
+        worker = Scraper(f"http://127.0.0.1:{worker_port}/")
+        key = served.create_app(GREETING)
+        for _ in range(2):
+            _, messages = _stream(served.urls[0], key)
+            assert messages[-1].json["data"]["status"] == "succeeded"
+        worker.wait_for("workflow_runs_finished_total", 2, status="succeeded")
+        worker.wait_for("durable_stream_appends_total", 2 * (len(messages) - 1), backend="sqlite", outcome="ok")
+        # Files per process (counter_<pid>.db, …): the runs were counted by pool children.
+        writers = {int(path.stem.rpartition("_")[2]) for path in (tmp_path / "metrics" / "worker").glob("*.db")}
+        assert writers - {served.celery[-1].process.pid}, f"only the main process wrote metrics: {writers}"
