@@ -37,13 +37,19 @@ lint: install
 docs: install
 	$(BIN)/python -m tools.gen_adapter_docs
 
-# The whole suite in plain threads (tests/browser in a real headless Chromium), then the durable-stream
-# and broadcast contracts and the Redis and NATS adapters' own tests (their shared readers differ between
-# threads and gevent) again under gevent.
-test: lint chromium test-threads test-gevent
+# The whole suite in plain threads (tests/browser in a real headless Chromium), and beside it the
+# durable-stream and broadcast contracts and the Redis and NATS adapters' own tests (their shared readers
+# differ between threads and gevent) again under gevent. Most tests wait on the servers they start, not
+# on the CPU: the threaded suite runs its files in XDIST_WORKERS processes (pytest-xdist, a file at a time,
+# so module fixtures stay shared) while the gevent run goes on in another; each run's output is printed
+# whole when it ends.
+XDIST_WORKERS ?= 3
+
+test: lint chromium
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-threads test-gevent
 
 test-threads: install chromium
-	$(BIN)/pytest tests
+	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile
 
 test-gevent: install
 	EXPECT_GEVENT=1 $(BIN)/python -m gevent.monkey --module pytest -p no:cacheprovider \
