@@ -37,16 +37,15 @@ lint: install
 docs: install
 	$(BIN)/python -m tools.gen_adapter_docs
 
-# The whole suite in plain threads (tests/browser in a real headless Chromium), and beside it the
-# durable-stream and broadcast contracts and the Redis and NATS adapters' own tests (their shared readers
-# differ between threads and gevent) again under gevent. Most tests wait on the servers they start, not
-# on the CPU: the threaded suite runs its files in XDIST_WORKERS processes (pytest-xdist, a file at a time,
-# so module fixtures stay shared) while the gevent run goes on in another; each run's output is printed
-# whole when it ends.
+# The whole suite in plain threads (tests/browser in a real headless Chromium), then the durable-stream
+# and broadcast contracts and the Redis and NATS adapters' own tests (their shared readers differ between
+# threads and gevent) again under gevent. Most tests wait on the servers they start, not on the CPU: the
+# threaded suite runs its files in XDIST_WORKERS processes (pytest-xdist, a file at a time, so module
+# fixtures stay shared). The gevent run comes after it, not beside it: its tests that time the hub
+# (ticks, blocked greenlets) must not share two cores with three other test processes.
 XDIST_WORKERS ?= 3
 
-test: lint chromium
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-threads test-gevent
+test: lint chromium test-threads test-gevent
 
 test-threads: install chromium
 	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile
