@@ -1,12 +1,16 @@
-"""The NATS adapter's change feed: core NATS subscriptions on watched topics, and a periodic head check.
+"""The NATS adapter's change feed: the stream's republished messages of watched topics, and a head check.
 
-A JetStream publish is also an ordinary NATS message on its subject, so the feed subscribes (core
-NATS, no JetStream consumer) to the subject of every watched topic on the backend object's one
-connection, and wakes the topic's subscriptions on every message. Changes that publish nothing
-(another process's trim or delete, a limit the server applied, a message missed while the
-subscription was being set up) are found by a check of every watched topic's last sequence each
-``poll_interval``. A lost or restored connection wakes every watched topic at once, so waiting
-readers report the outage (or continue) within a round trip.
+The stream republishes every message it stores on a core NATS subject of its own
+(``_DSLIVE.<stream>.<token>``, see :mod:`.prefetch`), with the sequence of the subject's previous
+message. The feed subscribes (core NATS, no JetStream consumer) to that subject for every watched
+topic on the backend object's one connection, puts each message into the backend object's
+:class:`~.prefetch.LivePrefetch` and wakes the topic's subscriptions, which then take it without a
+round trip. A trim or delete made through any backend object sends a notice on the same subject,
+which forgets the topic's prefetched messages. Changes that send nothing (a limit the server
+applied, a purge by hand, a message missed while the subscription was being set up) are found by a
+check of every watched topic's last sequence each ``poll_interval``. A lost or restored connection
+wakes every watched topic at once, so waiting readers report the outage (or continue) within a
+round trip.
 
 The feed runs on the adapter's loop thread; wake-ups reach waiting subscriptions through
 ``notify``, called directly in plain threads and handed to the gevent hub with its thread-safe
@@ -22,8 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._cooperative import Wake, gevent_active
-from .jetstream import JetStream
+from .jetstream import JetStream, parse_live
 from .loop import LoopThread, raw_lock
+from .prefetch import LivePrefetch
 
 __all__ = ["NatsChangeFeed"]
 
@@ -38,13 +43,13 @@ class NatsChangeFeed:
         self,
         *,
         notify: Callable[[str], None],
-        connection: Callable[[], tuple[LoopThread, JetStream]],
+        connection: Callable[[], tuple[LoopThread, JetStream, LivePrefetch]],
         subject_of: Callable[[str], str],
         poll_interval: float,
     ) -> None:
         self._notify = notify
         self._connection = connection
-        self._loop, self._js = connection()
+        self._loop, self._js, self._prefetch = connection()
         self._pid = os.getpid()
         self._subject_of = subject_of
         self._poll_interval = poll_interval
@@ -85,12 +90,16 @@ class NatsChangeFeed:
             if self._closed:
                 return
             self._watched.add(topic)
+        self._prefetch.watch(self._subject_of(topic))
         self._loop.submit(self._sync)
 
     def unwatch(self, topic: str) -> None:
         self._rebind_after_fork()
         with self._lock:
             self._watched.discard(topic)
+            watched = topic in self._watched
+        if not watched:
+            self._prefetch.unwatch(self._subject_of(topic))
         self._loop.submit(self._sync)
 
     def forked(self) -> None:
@@ -102,8 +111,12 @@ class NatsChangeFeed:
             return
         # The child's own loop thread and connection (the driver opens them on first use): the
         # parent's subscriptions and checks do not exist here.
-        self._loop, self._js = self._connection()
+        self._loop, self._js, self._prefetch = self._connection()
         self._pid = os.getpid()
+        with self._lock:
+            inherited = list(self._watched)
+        for topic in inherited:
+            self._prefetch.watch(self._subject_of(topic))
         self._subs, self._seen, self._sync_lock = {}, {}, None
         self._loop.submit(self._check_periodically)
         self._loop.submit(self._sync)  # the watched topics, inherited with the notifier's registrations
@@ -147,14 +160,26 @@ class NatsChangeFeed:
                 return
             for topic in added:
                 try:
-                    self._subs[topic] = await nc.subscribe(self._subject_of(topic), cb=self._callback(topic))
+                    subject = self._subject_of(topic)
+                    live = self._js.live_subject(subject.rpartition(".")[2])
+                    self._subs[topic] = await nc.subscribe(live, cb=self._callback(topic, subject))
                 except Exception:
                     continue  # disconnected: the periodic check wakes it, the next watch retries
             # Whatever was appended before the subscription existed: one read per new topic.
             self._deliver(added)
 
-    def _callback(self, topic: str) -> Callable[[Any], Any]:
+    def _callback(self, topic: str, subject: str) -> Callable[[Any], Any]:
+        prefetch = self._prefetch
+
         async def on_message(msg: Any) -> None:
+            try:
+                stored = parse_live(msg)
+            except Exception:
+                stored = None  # not ours: the readers' own read reports it
+            if stored is None:
+                prefetch.drop(subject)  # a trim or delete (or a message the reader must judge itself)
+            else:
+                prefetch.put(subject, stored[0], stored[1])
             self._deliver([topic])
 
         return on_message
@@ -179,6 +204,8 @@ class NatsChangeFeed:
                     seq = 0 if result is None else result.seq
                     seen = self._seen.get(topic)
                     self._seen[topic] = seq
+                    if seen is not None and seq < seen:
+                        self._prefetch.drop(self._subject_of(topic))  # purged by hand, or re-created
                     if seen is not None and seen != seq:  # (the first sighting: watch() woke it)
                         changed.append(topic)
                 self._deliver(changed)

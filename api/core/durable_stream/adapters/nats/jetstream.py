@@ -30,22 +30,30 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from ..._contract import DurableStreamUnavailableError
-from .settings import NatsSettings
+from .settings import LIVE_SUBJECTS, NatsSettings
 
 __all__ = [
     "KIND_CREATED",
     "KIND_RECORD",
     "KIND_SEALED",
     "KIND_TRIMMED",
+    "LIVE_PREFIX",
     "MIN_SERVER_VERSION",
     "JetStream",
     "StreamMessage",
     "WrongSequenceError",
+    "parse_live",
 ]
 
 #: The oldest server the adapter accepts (see the capability card: batched direct gets, and the
 #: concurrent compare-and-set test).
 MIN_SERVER_VERSION = (2, 11, 0)
+
+#: The stream republishes every stored message on ``<LIVE_PREFIX>.<stream>.<token>`` (outside every
+#: stream's subjects: ``subject_prefix`` may not start with it).
+LIVE_PREFIX = LIVE_SUBJECTS
+#: ``Ds-K`` of a core NATS message (never stored) that a trim or delete sends on a live subject.
+KIND_PURGED = "x"
 
 KIND_RECORD = ""
 KIND_CREATED = "c"
@@ -91,6 +99,26 @@ def _parse(msg: Msg) -> StreamMessage:
         raise DurableStreamUnavailableError(
             f"message on {headers.get('Nats-Subject', '?')!r} was not written by this library: {exc!r}"
         ) from exc
+
+
+def parse_live(msg: Msg) -> tuple[int, StreamMessage] | None:
+    """A republished message: ``(the subject's previous sequence, the message)``; ``None`` for a purge notice.
+
+    Raises:
+        DurableStreamUnavailableError: The message was not written by this library.
+    """
+    headers = msg.headers or {}
+    if headers.get("Ds-K") == KIND_PURGED:
+        return None
+    message = _parse(msg)
+    try:
+        previous = int(headers["Nats-Last-Sequence"])
+    except (KeyError, ValueError) as exc:
+        raise DurableStreamUnavailableError(f"a republished message without its predecessor: {exc!r}") from exc
+    expected = headers.get("Nats-Expected-Last-Subject-Sequence")
+    if expected is not None and expected != str(previous):
+        raise DurableStreamUnavailableError("a republished message whose predecessor disagrees with its own check")
+    return previous, message
 
 
 def _kind(value: str) -> str:
@@ -278,8 +306,14 @@ class JetStream:
             "allow_direct": True,
             "deny_delete": True,
             "allow_rollup_hdrs": False,
+            # Stored messages, pushed to the change feed without a consumer (see prefetch.py).
+            "republish": {"src": f"{settings.subject_prefix}.>", "dest": f"{LIVE_PREFIX}.{self._stream}.>"},
         }
         return config
+
+    def live_subject(self, token: str) -> str:
+        """The core NATS subject on which the stream republishes the topic's stored messages."""
+        return f"{LIVE_PREFIX}.{self._stream}.{token}"
 
     async def ensure_stream(self) -> None:
         """Create the stream with the configured options, or check that the existing one matches."""
@@ -300,13 +334,23 @@ class JetStream:
         different = [
             f"{key}={existing.get(key)!r} (wanted {value!r})"
             for key, value in wanted.items()
-            if key not in ("name", "deny_delete", "allow_rollup_hdrs") and existing.get(key, _absent(key)) != value
+            if key not in ("name", "deny_delete", "allow_rollup_hdrs", "republish")
+            and existing.get(key, _absent(key)) != value
         ]
         if different:
             raise ValueError(
                 f"JetStream stream {self._stream!r} exists with other settings: {', '.join(different)}; "
                 "connect with the same options, another 'stream', or update the stream"
             )
+        republish = existing.get("republish") or {}
+        if {key: republish.get(key) for key in ("src", "dest")} != wanted["republish"] or republish.get("headers_only"):
+            # A stream created before the adapter republished: add it (an allowed update).
+            reply = await self._api(f"STREAM.UPDATE.{self._stream}", json.dumps({**existing, **wanted}).encode())
+            error = reply.get("error")
+            if error is not None:
+                raise DurableStreamUnavailableError(
+                    f"JetStream stream {self._stream!r} cannot republish: {error.get('description')}"
+                )
 
     async def _api(self, suffix: str, payload: bytes) -> dict[str, Any]:
         msg = await self._request(f"$JS.API.{suffix}", payload)
@@ -445,6 +489,11 @@ class JetStream:
                 return 0
             raise DurableStreamUnavailableError(f"JetStream purge failed: {error.get('description')}")
         return int(reply.get("purged", 0))
+
+    async def announce_purge(self, token: str) -> None:
+        """Tell other backend objects' change feeds that the topic lost messages (a core NATS message)."""
+        with contextlib.suppress(Exception):  # a hint only: their head checks find the purge anyway
+            await self._client().publish(self.live_subject(token), b"", headers={"Ds-K": KIND_PURGED})
 
     async def stream_leader(self) -> str:
         """The server name of the stream's leader (``""`` for a stream without a cluster)."""

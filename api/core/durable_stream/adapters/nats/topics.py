@@ -28,6 +28,7 @@ from .jetstream import (
     StreamMessage,
     WrongSequenceError,
 )
+from .prefetch import LivePrefetch
 
 __all__ = ["TopicStore", "subject_token"]
 
@@ -71,9 +72,10 @@ def _headers(ordinal: int, epoch: str, kind: str = KIND_RECORD) -> dict[str, str
 class TopicStore:
     """Topic operations of one backend object, run on its event loop."""
 
-    def __init__(self, js: JetStream, subject_prefix: str) -> None:
+    def __init__(self, js: JetStream, subject_prefix: str, prefetch: LivePrefetch) -> None:
         self._js = js
         self._prefix = subject_prefix
+        self._prefetch = prefetch
         self._tails: collections.OrderedDict[str, StreamMessage] = collections.OrderedDict()
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._cache = ReadCache()
@@ -85,6 +87,7 @@ class TopicStore:
         """Drop every remembered tail and read (after a reconnect: the server may have lost them)."""
         self._tails.clear()
         self._cache.clear()
+        self._prefetch.clear()
 
     def _lock(self, subject: str) -> asyncio.Lock:
         lock = self._locks.get(subject)
@@ -120,8 +123,10 @@ class TopicStore:
         except WrongSequenceError:
             self._tails.pop(subject, None)
             raise
-        message = StreamMessage(seq, ordinal, epoch, kind, b"")
+        message = StreamMessage(seq, ordinal, epoch, kind, payload)
         self._remember(subject, message)
+        # Readers of this backend object at the tail need not wait for the server's republished copy.
+        self._prefetch.put(subject, expected, message)
         return message
 
     # -- driver operations --------------------------------------------------------------------
@@ -267,35 +272,48 @@ class TopicStore:
     async def trim(self, topic: str, keep_last: int) -> int:
         subject = self.subject(topic)
         async with self._lock(subject):
-            for _ in range(_MAX_ATTEMPTS):
-                last = await self._js.last(subject)
-                if last is None:
-                    return 0
-                head = await self._exact_head(subject, last)
-                if head is None:
-                    continue
-                retained = head.last - head.first + 1
-                if retained <= keep_last:
-                    return 0
-                if keep_last == 0:
-                    if last.is_record:
-                        # A marker keeps the last ordinal and the epoch once every record is gone.
-                        try:
-                            last = await self._publish_next(subject, b"", KIND_TRIMMED, last)
-                        except WrongSequenceError:
-                            continue
-                    await self._js.purge(subject, keep=1)
-                else:
-                    await self._js.purge(subject, keep=keep_last + (0 if last.is_record else 1))
-                return retained - keep_last
-        raise DurableStreamUnavailableError(f"trim of {topic!r} lost {_MAX_ATTEMPTS} races with other writers")
+            removed = await self._trim(subject, keep_last)
+        if removed:
+            await self._purged(subject)
+        return removed
+
+    async def _purged(self, subject: str) -> None:
+        """Records of ``subject`` are gone: forget them here, and tell the other backend objects."""
+        self._prefetch.drop(subject)
+        await self._js.announce_purge(subject.rpartition(".")[2])
+
+    async def _trim(self, subject: str, keep_last: int) -> int:
+        for _ in range(_MAX_ATTEMPTS):
+            last = await self._js.last(subject)
+            if last is None:
+                return 0
+            head = await self._exact_head(subject, last)
+            if head is None:
+                continue
+            retained = head.last - head.first + 1
+            if retained <= keep_last:
+                return 0
+            if keep_last == 0:
+                if last.is_record:
+                    # A marker keeps the last ordinal and the epoch once every record is gone.
+                    try:
+                        last = await self._publish_next(subject, b"", KIND_TRIMMED, last)
+                    except WrongSequenceError:
+                        continue
+                await self._js.purge(subject, keep=1)
+            else:
+                await self._js.purge(subject, keep=keep_last + (0 if last.is_record else 1))
+            return retained - keep_last
+        raise DurableStreamUnavailableError(f"trim of {subject!r} lost {_MAX_ATTEMPTS} races with other writers")
 
     async def delete(self, topic: str) -> bool:
         subject = self.subject(topic)
         async with self._lock(subject):
             self._tails.pop(subject, None)
             self._cache.drop(subject)
-            return await self._js.purge(subject) > 0
+            removed = await self._js.purge(subject) > 0
+        await self._purged(subject)
+        return removed
 
     async def info(self, topic: str) -> tuple[int, int, int, bool, str] | None:
         """``(length, first, last, sealed, epoch)`` of the topic, or ``None`` if it does not exist."""
