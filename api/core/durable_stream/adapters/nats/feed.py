@@ -180,6 +180,9 @@ class NatsChangeFeed:
                 prefetch.drop(subject)  # a trim or delete (or a message the reader must judge itself)
             else:
                 prefetch.put(subject, stored[0], stored[1])
+                if topic in self._seen:
+                    # Seen here: the head check wakes the topic only for changes that were not.
+                    self._seen[topic] = max(self._seen[topic], stored[1].seq)
             self._deliver([topic])
 
         return on_message
