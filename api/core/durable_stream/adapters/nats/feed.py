@@ -26,8 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._cooperative import Wake, gevent_active
-from .jetstream import JetStream, parse_live
+from .jetstream import JetStream
 from .loop import LoopThread, raw_lock
+from .messages import parse_live
 from .prefetch import LivePrefetch
 
 __all__ = ["NatsChangeFeed"]

@@ -7,11 +7,11 @@ Only a handful of requests are used, all of them without JetStream consumers:
 - direct gets (``$JS.API.DIRECT.GET``): the last message of a subject (``last_by_subj``), the first
   (``next_by_subj`` from sequence 1) and batches of the next messages of a subject from a sequence
   (``batch``, NATS Server ≥ 2.11), answered by any replica;
-- a purge of one subject (``filter``, optionally ``keep``) for trims and deletes.
+- a purge of one subject (``filter``, optionally ``keep``) for trims and deletes, followed by a
+  notice on the topic's republish subject.
 
-Every message of a topic carries headers: ``Ds-O`` (the topic ordinal: a record's own, a marker's
-the last ordinal before it), ``Ds-E`` (the topic's epoch) and for markers ``Ds-K`` (``c`` created,
-``m`` trimmed to empty, ``s`` sealed).
+The stream itself republishes every stored message (its ``republish`` setting). The messages'
+headers are described in :mod:`.messages`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import json
 import ssl
 from collections.abc import Callable
@@ -30,36 +29,15 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from ..._contract import DurableStreamUnavailableError
-from .settings import LIVE_SUBJECTS, NatsSettings
+from .messages import KIND_PURGED, LIVE_PREFIX, StreamMessage, parse_message
+from .settings import NatsSettings
 
-__all__ = [
-    "KIND_CREATED",
-    "KIND_RECORD",
-    "KIND_SEALED",
-    "KIND_TRIMMED",
-    "LIVE_PREFIX",
-    "MIN_SERVER_VERSION",
-    "JetStream",
-    "StreamMessage",
-    "WrongSequenceError",
-    "parse_live",
-]
+__all__ = ["MIN_SERVER_VERSION", "JetStream", "WrongSequenceError"]
 
 #: The oldest server the adapter accepts (see the capability card: batched direct gets, and the
 #: concurrent compare-and-set test).
 MIN_SERVER_VERSION = (2, 11, 0)
 
-#: The stream republishes every stored message on ``<LIVE_PREFIX>.<stream>.<token>`` (outside every
-#: stream's subjects: ``subject_prefix`` may not start with it).
-LIVE_PREFIX = LIVE_SUBJECTS
-#: ``Ds-K`` of a core NATS message (never stored) that a trim or delete sends on a live subject.
-KIND_PURGED = "x"
-
-KIND_RECORD = ""
-KIND_CREATED = "c"
-KIND_TRIMMED = "m"
-KIND_SEALED = "s"
-_KINDS = frozenset({KIND_RECORD, KIND_CREATED, KIND_TRIMMED, KIND_SEALED})
 _WRONG_LAST_SEQUENCE = 10071
 #: The status a batch read in flight is ended with when the connection drops.
 _DISCONNECTED = "disconnected"
@@ -68,63 +46,6 @@ _STREAM_NOT_FOUND = 10059
 
 class WrongSequenceError(Exception):
     """A compare-and-set publish lost: the subject's last sequence was not the expected one."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StreamMessage:
-    """One message of a topic's subject as the adapter reads it."""
-
-    seq: int
-    ordinal: int
-    epoch: str
-    kind: str
-    payload: bytes
-
-    @property
-    def is_record(self) -> bool:
-        return self.kind == KIND_RECORD
-
-
-def _parse(msg: Msg) -> StreamMessage:
-    headers = msg.headers or {}
-    try:
-        return StreamMessage(
-            seq=int(headers["Nats-Sequence"]),
-            ordinal=int(headers["Ds-O"]),
-            epoch=headers["Ds-E"],
-            kind=_kind(headers.get("Ds-K", KIND_RECORD)),
-            payload=msg.data,
-        )
-    except (KeyError, ValueError) as exc:
-        raise DurableStreamUnavailableError(
-            f"message on {headers.get('Nats-Subject', '?')!r} was not written by this library: {exc!r}"
-        ) from exc
-
-
-def parse_live(msg: Msg) -> tuple[int, StreamMessage] | None:
-    """A republished message: ``(the subject's previous sequence, the message)``; ``None`` for a purge notice.
-
-    Raises:
-        DurableStreamUnavailableError: The message was not written by this library.
-    """
-    headers = msg.headers or {}
-    if headers.get("Ds-K") == KIND_PURGED:
-        return None
-    message = _parse(msg)
-    try:
-        previous = int(headers["Nats-Last-Sequence"])
-    except (KeyError, ValueError) as exc:
-        raise DurableStreamUnavailableError(f"a republished message without its predecessor: {exc!r}") from exc
-    expected = headers.get("Nats-Expected-Last-Subject-Sequence")
-    if expected is not None and expected != str(previous):
-        raise DurableStreamUnavailableError("a republished message whose predecessor disagrees with its own check")
-    return previous, message
-
-
-def _kind(value: str) -> str:
-    if value not in _KINDS:
-        raise ValueError(f"unknown marker {value!r}")
-    return value
 
 
 class _Client(Client):
@@ -423,7 +344,7 @@ class JetStream:
         headers = _Client._parse_header_lines(raw.partition(b"\r\n")[2])
         headers["Nats-Sequence"] = str(message["seq"])
         headers["Nats-Subject"] = message.get("subject", "")
-        return _parse(Msg(_client=None, data=base64.b64decode(message.get("data") or b""), headers=headers))  # type: ignore[arg-type]
+        return parse_message(Msg(_client=None, data=base64.b64decode(message.get("data") or b""), headers=headers))  # type: ignore[arg-type]
 
     async def _direct(self, subject: str, payload: bytes) -> StreamMessage | None:
         try:
@@ -435,7 +356,7 @@ class JetStream:
             return None
         if status is not None:
             raise DurableStreamUnavailableError(f"JetStream direct get failed: {status} {msg.headers}")
-        return _parse(msg)
+        return parse_message(msg)
 
     async def batch(self, subject: str, start: int, limit: int) -> list[StreamMessage]:
         """Up to ``limit`` messages of ``subject`` with sequences from ``start`` on, in order."""
@@ -455,7 +376,7 @@ class JetStream:
                     msg = await queue.get()
                     status = _status(msg)
                     if status is None:
-                        found.append(_parse(msg))
+                        found.append(parse_message(msg))
                         if len(found) >= limit:
                             return found
                         continue

@@ -22,8 +22,8 @@ import collections
 import time
 
 from ..._driver import Batch, Position, StoredRecord, TopicHead
-from .jetstream import KIND_SEALED, StreamMessage
 from .loop import raw_lock
+from .messages import KIND_SEALED, StreamMessage
 
 __all__ = ["LivePrefetch"]
 

@@ -19,15 +19,8 @@ import weakref
 from ..._contract import DurableStreamUnavailableError, TopicSealedError
 from ..._driver import Batch, Position, StoredRecord, TopicHead
 from .cache import ReadCache
-from .jetstream import (
-    KIND_CREATED,
-    KIND_RECORD,
-    KIND_SEALED,
-    KIND_TRIMMED,
-    JetStream,
-    StreamMessage,
-    WrongSequenceError,
-)
+from .jetstream import JetStream, WrongSequenceError
+from .messages import KIND_CREATED, KIND_RECORD, KIND_SEALED, KIND_TRIMMED, StreamMessage
 from .prefetch import LivePrefetch
 
 __all__ = ["TopicStore", "subject_token"]
