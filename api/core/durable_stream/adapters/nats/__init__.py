@@ -39,7 +39,8 @@ Capability card
   The one connection of a backend object subscribes (core NATS) to the republish subjects of the
   watched topics, keeps the newest messages of each (64) by predecessor, and wakes the topics'
   subscriptions. A reader whose position is a message's predecessor gets it from there: exactly what
-  a read from the server would have returned first when it was stored. Never handed out: messages
+  a read from the server would have returned first when it was stored (and a reader already at the
+  newest message seen is told that nothing follows, without a read). Never handed out: messages
   older than 1 s (a quarter of ``max_age_seconds``), a stretch that ``max_records`` may already have
   cut (judged by the newest message seen), anything of a topic trimmed or deleted since (a trim or
   delete through any backend object sends a notice on the same subject). Every ``poll_interval``

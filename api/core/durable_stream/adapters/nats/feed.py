@@ -210,6 +210,8 @@ class NatsChangeFeed:
                     self._seen[topic] = seq
                     if seen is not None and seq < seen:
                         self._prefetch.drop(self._subject_of(topic))  # purged by hand, or re-created
+                    elif seen is not None and seen != seq:
+                        self._prefetch.stale(self._subject_of(topic))  # a message not seen republished
                     if seen is not None and seen != seq:  # (the first sighting: watch() woke it)
                         changed.append(topic)
                 self._deliver(changed)

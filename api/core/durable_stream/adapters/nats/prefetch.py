@@ -8,6 +8,9 @@ seal puts its own message as soon as it is acknowledged. A reader whose position
 gets the message without a round trip, from its own thread: it is exactly what a read from the
 server would have returned first when the message was stored (sequences only grow within a stream,
 and an incarnation's ordinals are dense). The subscription still checks the epoch and the ordinal.
+A reader already at the newest message seen (woken again for the record it has just taken) is told
+that nothing follows, also without a read, for at most ``lifetime`` after that message arrived: a
+later message wakes it again, and a change the feed's head check finds unseen forgets the newest.
 
 What is never handed out, so that gaps stay exact: messages older than ``lifetime`` (at most 1 s, and
 a quarter of ``max_age_seconds``), a stretch of which ``max_records`` would already have removed some
@@ -35,11 +38,12 @@ _Entry = tuple[StreamMessage, StoredRecord | None, float]
 
 
 class _View:
-    __slots__ = ("by_previous", "floor", "newest")
+    __slots__ = ("by_previous", "floor", "newest", "newest_at")
 
     def __init__(self, floor: int = 0) -> None:
         self.by_previous: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
         self.newest: StreamMessage | None = None
+        self.newest_at = 0.0
         # Messages up to this sequence arrived before a purge was seen: a late copy is not taken.
         self.floor = floor
 
@@ -90,7 +94,14 @@ class LivePrefetch:
                 view.by_previous.popitem(last=False)
             newest = view.newest
             if newest is None or message.seq > newest.seq or message.epoch != newest.epoch:
-                view.newest = message
+                view.newest, view.newest_at = message, time.monotonic()
+
+    def stale(self, subject: str) -> None:
+        """The subject changed in a way not seen here: its newest message is no longer known."""
+        with self._lock:
+            view = self._views.get(subject)
+            if view is not None:
+                view.newest = None
 
     def lookup(self, subject: str, after: Position, limit: int) -> Batch | None:
         """The records after ``after`` (and the seal, if it follows them) without asking the server,
@@ -109,6 +120,17 @@ class LivePrefetch:
             if view is None or not view.by_previous:
                 return None
             newest = view.newest
+            if (
+                newest is not None
+                and newest.seq == seq
+                and newest.ordinal == after.ordinal
+                and now - view.newest_at <= self._lifetime
+                and seq not in view.by_previous
+            ):
+                # The reader is at the newest message seen (its wake-up was for the record it has
+                # just taken): nothing new, without a read. Anything stored later wakes it again.
+                head = TopicHead(newest.epoch, after.ordinal + 1, after.ordinal, newest.kind == KIND_SEALED, str(seq))
+                return Batch(head=head, records=())
             epoch = ""
             while len(records) < limit:
                 entry = view.by_previous.get(seq)
