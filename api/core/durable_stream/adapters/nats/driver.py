@@ -170,8 +170,12 @@ class NatsDriver:
     def open_change_feed(self, notify: Callable[[str], None]) -> ChangeFeed | None:
         conn = self._connection()
 
+        feeds: list[NatsChangeFeed] = []
+
         def connection() -> tuple[LoopThread, JetStream, LivePrefetch]:
-            current = self._connection()
+            current = self._connection()  # in a forked child: the child's own
+            if feeds:
+                current.topics.on_change = feeds[0].changed
             return current.loop, current.js, current.prefetch
 
         feed = NatsChangeFeed(
@@ -180,6 +184,8 @@ class NatsDriver:
             subject_of=conn.topics.subject,
             poll_interval=self._settings.poll_interval,
         )
+        feeds.append(feed)
+        conn.topics.on_change = feed.changed
         self._feed = feed
         return feed
 

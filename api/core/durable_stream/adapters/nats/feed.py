@@ -79,6 +79,11 @@ class NatsChangeFeed:
         else:
             hub.loop.run_callback_threadsafe(self._notify_all, topics)
 
+    def changed(self, topic: str) -> None:
+        """On the loop thread: this backend object appended to ``topic`` (its message is prefetched)."""
+        if topic in self._watched:  # a set's membership test needs no lock
+            self._deliver([topic])
+
     def _notify_all(self, topics: list[str]) -> None:
         for topic in topics:
             self._notify(topic)

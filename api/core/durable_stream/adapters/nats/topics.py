@@ -15,6 +15,7 @@ import base64
 import collections
 import secrets
 import weakref
+from collections.abc import Callable
 
 from ..._contract import DurableStreamUnavailableError, TopicSealedError
 from ..._driver import Batch, Position, StoredRecord, TopicHead
@@ -69,6 +70,9 @@ class TopicStore:
         self._js = js
         self._prefix = subject_prefix
         self._prefetch = prefetch
+        #: Called on the loop with a topic this backend object has just appended to (the
+        #: change feed's wake-up: readers of the topic need not wait for the republished copy).
+        self.on_change: Callable[[str], None] | None = None
         self._tails: collections.OrderedDict[str, StreamMessage] = collections.OrderedDict()
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._cache = ReadCache()
@@ -122,6 +126,11 @@ class TopicStore:
         self._prefetch.put(subject, expected, message)
         return message
 
+    def _changed(self, topic: str) -> None:
+        callback = self.on_change
+        if callback is not None:
+            callback(topic)
+
     # -- driver operations --------------------------------------------------------------------
 
     async def append(self, topic: str, payload: bytes) -> None:
@@ -135,6 +144,7 @@ class TopicStore:
                     await self._publish_next(subject, payload, KIND_RECORD, tail)
                 except WrongSequenceError:
                     continue
+                self._changed(topic)
                 return
         raise DurableStreamUnavailableError(f"append to {topic!r} lost {_MAX_ATTEMPTS} races with other writers")
 
