@@ -144,6 +144,8 @@ class NatsChangeFeed:
             topics = list(self._watched)
         if connected:
             self._seen.clear()
+            for topic in list(self._subs):  # re-subscribed by nats-py before it reported the reconnect
+                self._prefetch.live(self._subject_of(topic))
         self._deliver(topics)
 
     # -- loop side ----------------------------------------------------------------------------
@@ -164,6 +166,7 @@ class NatsChangeFeed:
             added = [topic for topic in wanted if topic not in self._subs]
             if nc is None or (self._closed and not wanted):
                 return
+            subscribed: list[str] = []
             for topic in added:
                 try:
                     subject = self._subject_of(topic)
@@ -171,6 +174,11 @@ class NatsChangeFeed:
                     self._subs[topic] = await nc.subscribe(live, cb=self._callback(topic, subject))
                 except Exception:
                     continue  # disconnected: the periodic check wakes it, the next watch retries
+                subscribed.append(subject)
+            with contextlib.suppress(Exception):
+                await nc.flush(timeout=10)  # the server has the subscriptions now
+                for subject in subscribed:
+                    self._prefetch.live(subject)
             # Whatever was appended before the subscription existed: one read per new topic.
             self._deliver(added)
 

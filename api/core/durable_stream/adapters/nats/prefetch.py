@@ -38,14 +38,17 @@ _Entry = tuple[StreamMessage, StoredRecord | None, float]
 
 
 class _View:
-    __slots__ = ("by_previous", "floor", "newest", "newest_at")
+    __slots__ = ("by_previous", "floor", "live", "newest", "newest_at")
 
-    def __init__(self, floor: int = 0) -> None:
+    def __init__(self, floor: int = 0, live: bool = False) -> None:
         self.by_previous: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
         self.newest: StreamMessage | None = None
         self.newest_at = 0.0
         # Messages up to this sequence arrived before a purge was seen: a late copy is not taken.
         self.floor = floor
+        # The feed's subscription to the republished messages is in place: every later message of
+        # the subject reaches this view (or the head check notices it was lost).
+        self.live = live
 
 
 class LivePrefetch:
@@ -77,7 +80,7 @@ class LivePrefetch:
             view = self._views.get(subject)
             if view is not None:
                 newest = view.newest
-                self._views[subject] = _View(max(view.floor, 0 if newest is None else newest.seq))
+                self._views[subject] = _View(max(view.floor, 0 if newest is None else newest.seq), view.live)
 
     def put(self, subject: str, previous: int, message: StreamMessage) -> None:
         """``message`` was stored right after the subject's message ``previous`` (0: it is the first)."""
@@ -95,6 +98,13 @@ class LivePrefetch:
             newest = view.newest
             if newest is None or message.seq > newest.seq or message.epoch != newest.epoch:
                 view.newest, view.newest_at = message, time.monotonic()
+
+    def live(self, subject: str) -> None:
+        """The feed's subscription to the subject's republished messages is in place."""
+        with self._lock:
+            view = self._views.get(subject)
+            if view is not None:
+                view.live = True
 
     def stale(self, subject: str) -> None:
         """The subject changed in a way not seen here: its newest message is no longer known."""
@@ -122,6 +132,7 @@ class LivePrefetch:
             newest = view.newest
             if (
                 newest is not None
+                and view.live
                 and newest.seq == seq
                 and newest.ordinal == after.ordinal
                 and now - view.newest_at <= self._lifetime
