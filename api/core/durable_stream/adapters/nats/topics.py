@@ -56,6 +56,18 @@ def _records(messages: list[StreamMessage], after: int) -> list[StoredRecord]:
     ]
 
 
+def _passed(message: StreamMessage, after: Position) -> bool:
+    """Whether ``message``, stored after the reader's position, belongs before it: another incarnation.
+
+    A record or a "created" marker there must carry a higher ordinal. A trim or seal marker carries
+    the last ordinal before it, which may be the reader's own (a topic trimmed to empty right after
+    the reader's record, and a follower that has not applied the next record yet).
+    """
+    if message.is_record or message.kind == KIND_CREATED:
+        return message.ordinal <= after.ordinal
+    return message.ordinal < after.ordinal
+
+
 def _headers(ordinal: int, epoch: str, kind: str = KIND_RECORD) -> dict[str, str]:
     headers = {"Ds-O": str(ordinal), "Ds-E": epoch}
     if kind != KIND_RECORD:
@@ -239,15 +251,15 @@ class TopicStore:
                 continue
             if exact.first > after.ordinal + 1:
                 return Batch(head=exact, records=())  # removed by retention: the reader reports the gap
-            if (
-                messages
-                and previous is not None
-                and messages[0].seq > previous
-                and messages[0].ordinal <= after.ordinal
+            after_reader = messages[0] if messages and previous is not None and messages[0].seq > previous else None
+            if after_reader is not None and (
+                _passed(after_reader, after)
+                or (after_reader.ordinal <= after.ordinal and attempt == _READ_ATTEMPTS - 1)
             ):
                 # A message stored after the reader's position with an ordinal the reader has passed:
                 # the topic was deleted and re-created after the reader's last record. The head
-                # carries the new incarnation's epoch; the engine tells the reader.
+                # carries the new incarnation's epoch; the engine tells the reader. (A marker with
+                # the reader's own ordinal is that only if re-reading never brings the next record.)
                 return Batch(head=exact, records=())
             if js.replicated:
                 # A follower that has not applied the newest messages yet may have answered the
