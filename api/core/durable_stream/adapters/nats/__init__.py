@@ -128,11 +128,11 @@ Benchmarks
 
 ``python -m bench.nats`` (a private 2.15.1 server, 200-byte payloads, adapter and raw nats-py in
 alternating rounds of one process; the 2-CPU machine was shared and loaded, so the ratios matter;
-``docs/benchmarks.md`` has the tables). Medians of three runs: ``append()`` 0.66x a raw loop of
+``docs/benchmarks.md`` has the tables). Over five runs: ``append()`` 0.47-0.67x a raw loop of
 ``js.publish()`` with the same compare-and-set headers (two thread hand-overs per call, next to the
-same round trip); append → ``receive()`` p50 1.5-1.6x and p99 1.1-1.25x a raw ordered consumer (a
+same round trip); append → ``receive()`` p50 1.5-1.75x and p99 0.7-1.65x a raw ordered consumer (a
 live record is taken from the prefetch: one hand-over to the loop thread and one back to the reader,
-no read); catch-up of 100,000 records 1.7x a raw pull consumer fetching 500 at a time; 2,000
+no read); catch-up of 100,000 records 1.25-1.7x a raw pull consumer fetching 500 at a time; 2,000
 subscriptions on 200 topics in one gevent process: every record delivered, p99 5-20 ms, one
 connection, no JetStream consumer.
 
