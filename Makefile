@@ -58,6 +58,7 @@ test-gevent: install
 bench: install
 	$(BIN)/python -m bench.redis
 	$(BIN)/python -m bench.postgres
+	$(BIN)/python -m bench.nats
 	$(BIN)/python -m bench.sse
 
 # The fault harness (not part of make test; about 12 minutes on 2 cores): real gunicorn gevent servers and

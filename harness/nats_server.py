@@ -61,8 +61,11 @@ class NatsServer:
         cluster_port: int | None = None,
         routes: tuple[int, ...] = (),
         binary: str | None = None,
+        monitor_port: int | None = None,
     ) -> None:
         self.port = port or free_port()
+        #: The HTTP monitoring port (``/connz``, ``/jsz``), if any.
+        self.monitor_port = monitor_port
         self._own_dir = directory is None
         self.directory = directory or pathlib.Path(tempfile.mkdtemp(prefix=f"nats-{self.port}-"))
         self.memory_only = memory_only
@@ -84,6 +87,7 @@ class NatsServer:
         lines = [
             f"server_name: {self.name}",
             f"listen: 127.0.0.1:{self.port}",
+            *([f"http: 127.0.0.1:{self.monitor_port}"] if self.monitor_port is not None else []),
             "jetstream {",
             f'  store_dir: "{self.directory / "js"}"',
         ]

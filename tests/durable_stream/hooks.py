@@ -257,3 +257,9 @@ def nats_minimum_version(monkeypatch: Any, version: tuple[int, int, int]) -> Non
 def nats_stream_leader(backend: DurableStreamBackend) -> str:
     """The ``server_name`` of the node leading the backend's stream (clusters)."""
     return str(driver(backend).stream_leader())
+
+
+def nats_prefetched(backend: DurableStreamBackend, topic: str) -> int:
+    """How many republished messages of ``topic`` the backend object holds for readers at the tail."""
+    conn = driver(backend)._connection()
+    return int(conn.prefetch.size(conn.topics.subject(topic)))

@@ -27,6 +27,7 @@ from api.core.durable_stream import (
 )
 from harness.nats_server import NatsServer
 from harness.redis_server import free_port
+from harness.waiting import wait_until
 from tests.durable_stream import hooks
 
 from .contract._base import closing_all, drain, expect_cursor_unavailable
@@ -82,7 +83,15 @@ def test_an_unreachable_server_fails_connect() -> None:
 
 
 def test_options_are_checked(nats_server: NatsServer) -> None:
-    for bad in ({"stream": "a.b"}, {"subject_prefix": "a.*"}, {"storage": "tape"}, {"replicas": 7}, {"nope": 1}):
+    bad_options: list[dict[str, Any]] = [
+        {"stream": "a.b"},
+        {"subject_prefix": "a.*"},
+        {"subject_prefix": "_DSLIVE.x"},  # the adapter's republish subjects
+        {"storage": "tape"},
+        {"replicas": 7},
+        {"nope": 1},
+    ]
+    for bad in bad_options:
         with pytest.raises(ValueError):
             connect(nats_server.url, **bad)
 
@@ -158,9 +167,12 @@ def test_thousands_of_subscriptions_leave_no_jetstream_consumer(open_nats: Any) 
     assert hooks.nats_consumer_count(backend) == 0
 
 
-@pytest.mark.skipif(not hasattr(os, "fork") or hooks.gevent_active(), reason="fork in plain threads only")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_backend_created_before_fork_works_in_the_child(open_nats: Any) -> None:
-    """A Celery prefork child: its own loop thread and connection, wake-ups from other processes included."""
+    """A Celery prefork child: its own loop thread and connection, wake-ups from other processes included.
+
+    Under gevent monkey-patching too: ``os.fork`` is gevent's there (the child's hub is re-initialised),
+    and the child must not use the parent's loop thread, raw locks or hub callbacks either."""
     backend = open_nats()
     topic = backend.topic("forked")
     topic.append(b"parent")
@@ -291,3 +303,33 @@ def test_a_reader_past_the_old_incarnations_records_learns_of_the_new_one(open_n
             topic.append(f"new-{index}".encode())
         with pytest.raises(CursorUnavailableError):
             subscription.receive(timeout=5)
+
+
+def test_live_records_are_prefetched_and_a_trim_elsewhere_is_not_hidden(open_nats: Any) -> None:
+    """Records pushed by the stream's republish wait for readers at the tail; another backend object's
+    trim announces itself, so a reader behind it gets the gap, not the trimmed records."""
+    reader, writer = open_nats(), open_nats()
+    writer.topic("live").append(b"r0")
+    with reader.topic("live").subscribe_from_tail() as subscription:
+        for index in range(1, 10):
+            writer.topic("live").append(f"r{index}".encode())
+        wait_until(lambda: hooks.nats_prefetched(reader, "live") == 9, timeout=5, what="the republished records")
+        assert writer.admin.trim_topic("live", keep_last=3) == 7
+        wait_until(lambda: hooks.nats_prefetched(reader, "live") == 0, timeout=5, what="the trim notice")
+        with pytest.raises(CursorUnavailableError):
+            subscription.receive(timeout=2)
+    with reader.topic("live").subscribe_from_tail() as subscription:
+        writer.topic("live").append(b"r10")
+        assert [r.payload for r in drain(subscription, 1)] == [b"r10"]
+
+
+def test_prefetched_records_max_records_has_removed_are_not_served(open_nats: Any) -> None:
+    backend = open_nats(max_records=5)
+    topic = backend.topic("limited")
+    topic.append(b"r0")
+    with topic.subscribe_from_tail() as subscription:
+        for index in range(1, 12):
+            topic.append(f"r{index}".encode())
+        assert hooks.nats_prefetched(backend, "limited") >= 11  # the appends' own, at once
+        with pytest.raises(CursorUnavailableError):
+            subscription.receive(timeout=2)

@@ -1,15 +1,17 @@
 """The NATS adapter on a private three-node JetStream cluster, with ``replicas=3``.
 
-A subset of the shared contract (appends and order, start positions, cursors, seal) runs against the
-cluster URL ``nats://h1:p1,h2:p2,h3:p3``; the leader-kill test kills the node leading the stream while
-records are appended and read: no acknowledged record is lost, and the subscription either continues
-or fails with ``DurableStreamUnavailableError``.
+The whole shared contract suite runs against the cluster URL ``nats://h1:p1,h2:p2,h3:p3`` with every
+stream replicated three times: one cluster serves the whole module (started once, about two seconds),
+and each set of stream-level options gets its own stream, as on the single server. The leader-kill
+test kills the node leading the stream while records are appended and read: no acknowledged record is
+lost, and the subscription either continues or fails with ``DurableStreamUnavailableError``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,8 +28,9 @@ from harness.nats_server import NatsCluster
 from harness.waiting import wait_until
 from tests.durable_stream import hooks
 
-from .contract import AppendOrderContract, CursorResumeContract, SealContract, StartPositionContract
+from .contract import DurableStreamContract
 from .contract._base import drain_until_closed
+from .test_contract_nats import stream_options
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +51,16 @@ def _connect_when_ready(url: str, **options: Any) -> DurableStreamBackend:
             time.sleep(0.2)
 
 
-class TestNatsClusterContract(AppendOrderContract, StartPositionContract, CursorResumeContract, SealContract):
+class TestNatsClusterContract(DurableStreamContract):
     @pytest.fixture(autouse=True)
     def _cluster(self, nats_cluster: NatsCluster) -> None:
         self._url = nats_cluster.url
 
+    def backend_url(self, **options: Any) -> str | None:
+        return f"{self._url}?{urllib.parse.urlencode(stream_options({'replicas': 3, **options}))}"
+
     def make_backend(self, **options: Any) -> DurableStreamBackend:
-        return _connect_when_ready(self._url, replicas=3, stream="R3", subject_prefix="r3", **options)
+        return _connect_when_ready(self._url, **stream_options({"replicas": 3, **options}))
 
 
 def test_killing_the_stream_leader_loses_no_acknowledged_record(nats_cluster: NatsCluster) -> None:

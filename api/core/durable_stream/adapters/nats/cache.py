@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from .jetstream import StreamMessage
+from .messages import StreamMessage
 
 __all__ = ["ReadCache"]
 

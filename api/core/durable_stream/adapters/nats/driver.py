@@ -23,6 +23,7 @@ from ..._options import Options
 from .feed import NatsChangeFeed
 from .jetstream import JetStream
 from .loop import LoopThread
+from .prefetch import LivePrefetch
 from .settings import NatsSettings
 from .topics import TopicStore
 
@@ -48,7 +49,8 @@ class _Connection:
     def __init__(self, settings: NatsSettings, on_connection_change: Callable[[bool], None]) -> None:
         self.loop = LoopThread(f"durable-stream-nats-{secrets.token_hex(3)}")
         self.js = JetStream(settings, on_connection_change)
-        self.topics = TopicStore(self.js, settings.subject_prefix)
+        self.prefetch = LivePrefetch(max_records=settings.max_records, max_age_seconds=settings.max_age_seconds)
+        self.topics = TopicStore(self.js, settings.subject_prefix, self.prefetch)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -106,8 +108,12 @@ class NatsDriver:
 
     def _connection_changed(self, connected: bool) -> None:
         """Called on the loop thread when the connection drops or comes back."""
-        if connected:
-            self._conn.topics.forget()
+        conn: _Connection | None = getattr(self, "_conn", None)  # None: the first connect() failed
+        if conn is not None:
+            # Lost: the server may come back without what was prefetched; back: whatever was remembered.
+            conn.prefetch.clear()
+            if connected:
+                conn.topics.forget()
         feed = self._feed
         if feed is not None:
             feed.connection_changed(connected)
@@ -124,6 +130,12 @@ class NatsDriver:
         return self._run("head", lambda store: store.head(topic, create=create))
 
     def read(self, topic: str, after: Position, limit: int) -> Batch:
+        conn = self._connection()
+        # A reader at the live tail: the records the server just stored are here already, and taking
+        # them in the caller's thread saves the round trip and both hand-overs to the loop thread.
+        prefetched = conn.prefetch.lookup(conn.topics.subject(topic), after, limit)
+        if prefetched is not None:
+            return prefetched
         return self._run("read", lambda store: store.read(topic, after, limit))
 
     def topic_info(self, topic: str) -> TopicInfo | None:
@@ -158,9 +170,13 @@ class NatsDriver:
     def open_change_feed(self, notify: Callable[[str], None]) -> ChangeFeed | None:
         conn = self._connection()
 
-        def connection() -> tuple[LoopThread, JetStream]:
-            current = self._connection()
-            return current.loop, current.js
+        feeds: list[NatsChangeFeed] = []
+
+        def connection() -> tuple[LoopThread, JetStream, LivePrefetch]:
+            current = self._connection()  # in a forked child: the child's own
+            if feeds:
+                current.topics.on_change = feeds[0].changed
+            return current.loop, current.js, current.prefetch
 
         feed = NatsChangeFeed(
             notify=notify,
@@ -168,6 +184,8 @@ class NatsDriver:
             subject_of=conn.topics.subject,
             poll_interval=self._settings.poll_interval,
         )
+        feeds.append(feed)
+        conn.topics.on_change = feed.changed
         self._feed = feed
         return feed
 

@@ -7,11 +7,11 @@ Only a handful of requests are used, all of them without JetStream consumers:
 - direct gets (``$JS.API.DIRECT.GET``): the last message of a subject (``last_by_subj``), the first
   (``next_by_subj`` from sequence 1) and batches of the next messages of a subject from a sequence
   (``batch``, NATS Server ≥ 2.11), answered by any replica;
-- a purge of one subject (``filter``, optionally ``keep``) for trims and deletes.
+- a purge of one subject (``filter``, optionally ``keep``) for trims and deletes, followed by a
+  notice on the topic's republish subject.
 
-Every message of a topic carries headers: ``Ds-O`` (the topic ordinal: a record's own, a marker's
-the last ordinal before it), ``Ds-E`` (the topic's epoch) and for markers ``Ds-K`` (``c`` created,
-``m`` trimmed to empty, ``s`` sealed).
+The stream itself republishes every stored message (its ``republish`` setting). The messages'
+headers are described in :mod:`.messages`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import json
 import ssl
 from collections.abc import Callable
@@ -30,28 +29,15 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from ..._contract import DurableStreamUnavailableError
+from .messages import KIND_PURGED, LIVE_PREFIX, StreamMessage, parse_message
 from .settings import NatsSettings
 
-__all__ = [
-    "KIND_CREATED",
-    "KIND_RECORD",
-    "KIND_SEALED",
-    "KIND_TRIMMED",
-    "MIN_SERVER_VERSION",
-    "JetStream",
-    "StreamMessage",
-    "WrongSequenceError",
-]
+__all__ = ["MIN_SERVER_VERSION", "JetStream", "WrongSequenceError"]
 
 #: The oldest server the adapter accepts (see the capability card: batched direct gets, and the
 #: concurrent compare-and-set test).
 MIN_SERVER_VERSION = (2, 11, 0)
 
-KIND_RECORD = ""
-KIND_CREATED = "c"
-KIND_TRIMMED = "m"
-KIND_SEALED = "s"
-_KINDS = frozenset({KIND_RECORD, KIND_CREATED, KIND_TRIMMED, KIND_SEALED})
 _WRONG_LAST_SEQUENCE = 10071
 #: The status a batch read in flight is ended with when the connection drops.
 _DISCONNECTED = "disconnected"
@@ -60,43 +46,6 @@ _STREAM_NOT_FOUND = 10059
 
 class WrongSequenceError(Exception):
     """A compare-and-set publish lost: the subject's last sequence was not the expected one."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StreamMessage:
-    """One message of a topic's subject as the adapter reads it."""
-
-    seq: int
-    ordinal: int
-    epoch: str
-    kind: str
-    payload: bytes
-
-    @property
-    def is_record(self) -> bool:
-        return self.kind == KIND_RECORD
-
-
-def _parse(msg: Msg) -> StreamMessage:
-    headers = msg.headers or {}
-    try:
-        return StreamMessage(
-            seq=int(headers["Nats-Sequence"]),
-            ordinal=int(headers["Ds-O"]),
-            epoch=headers["Ds-E"],
-            kind=_kind(headers.get("Ds-K", KIND_RECORD)),
-            payload=msg.data,
-        )
-    except (KeyError, ValueError) as exc:
-        raise DurableStreamUnavailableError(
-            f"message on {headers.get('Nats-Subject', '?')!r} was not written by this library: {exc!r}"
-        ) from exc
-
-
-def _kind(value: str) -> str:
-    if value not in _KINDS:
-        raise ValueError(f"unknown marker {value!r}")
-    return value
 
 
 class _Client(Client):
@@ -278,8 +227,14 @@ class JetStream:
             "allow_direct": True,
             "deny_delete": True,
             "allow_rollup_hdrs": False,
+            # Stored messages, pushed to the change feed without a consumer (see prefetch.py).
+            "republish": {"src": f"{settings.subject_prefix}.>", "dest": f"{LIVE_PREFIX}.{self._stream}.>"},
         }
         return config
+
+    def live_subject(self, token: str) -> str:
+        """The core NATS subject on which the stream republishes the topic's stored messages."""
+        return f"{LIVE_PREFIX}.{self._stream}.{token}"
 
     async def ensure_stream(self) -> None:
         """Create the stream with the configured options, or check that the existing one matches."""
@@ -300,13 +255,23 @@ class JetStream:
         different = [
             f"{key}={existing.get(key)!r} (wanted {value!r})"
             for key, value in wanted.items()
-            if key not in ("name", "deny_delete", "allow_rollup_hdrs") and existing.get(key, _absent(key)) != value
+            if key not in ("name", "deny_delete", "allow_rollup_hdrs", "republish")
+            and existing.get(key, _absent(key)) != value
         ]
         if different:
             raise ValueError(
                 f"JetStream stream {self._stream!r} exists with other settings: {', '.join(different)}; "
                 "connect with the same options, another 'stream', or update the stream"
             )
+        republish = existing.get("republish") or {}
+        if {key: republish.get(key) for key in ("src", "dest")} != wanted["republish"] or republish.get("headers_only"):
+            # A stream created before the adapter republished: add it (an allowed update).
+            reply = await self._api(f"STREAM.UPDATE.{self._stream}", json.dumps({**existing, **wanted}).encode())
+            error = reply.get("error")
+            if error is not None:
+                raise DurableStreamUnavailableError(
+                    f"JetStream stream {self._stream!r} cannot republish: {error.get('description')}"
+                )
 
     async def _api(self, suffix: str, payload: bytes) -> dict[str, Any]:
         msg = await self._request(f"$JS.API.{suffix}", payload)
@@ -379,7 +344,7 @@ class JetStream:
         headers = _Client._parse_header_lines(raw.partition(b"\r\n")[2])
         headers["Nats-Sequence"] = str(message["seq"])
         headers["Nats-Subject"] = message.get("subject", "")
-        return _parse(Msg(_client=None, data=base64.b64decode(message.get("data") or b""), headers=headers))  # type: ignore[arg-type]
+        return parse_message(Msg(_client=None, data=base64.b64decode(message.get("data") or b""), headers=headers))  # type: ignore[arg-type]
 
     async def _direct(self, subject: str, payload: bytes) -> StreamMessage | None:
         try:
@@ -391,7 +356,7 @@ class JetStream:
             return None
         if status is not None:
             raise DurableStreamUnavailableError(f"JetStream direct get failed: {status} {msg.headers}")
-        return _parse(msg)
+        return parse_message(msg)
 
     async def batch(self, subject: str, start: int, limit: int) -> list[StreamMessage]:
         """Up to ``limit`` messages of ``subject`` with sequences from ``start`` on, in order."""
@@ -411,7 +376,7 @@ class JetStream:
                     msg = await queue.get()
                     status = _status(msg)
                     if status is None:
-                        found.append(_parse(msg))
+                        found.append(parse_message(msg))
                         if len(found) >= limit:
                             return found
                         continue
@@ -445,6 +410,11 @@ class JetStream:
                 return 0
             raise DurableStreamUnavailableError(f"JetStream purge failed: {error.get('description')}")
         return int(reply.get("purged", 0))
+
+    async def announce_purge(self, token: str) -> None:
+        """Tell other backend objects' change feeds that the topic lost messages (a core NATS message)."""
+        with contextlib.suppress(Exception):  # a hint only: their head checks find the purge anyway
+            await self._client().publish(self.live_subject(token), b"", headers={"Ds-K": KIND_PURGED})
 
     async def stream_leader(self) -> str:
         """The server name of the stream's leader (``""`` for a stream without a cluster)."""

@@ -8,13 +8,15 @@ import urllib.parse
 
 from ..._options import Options
 
-__all__ = ["DEFAULT_STREAM", "DEFAULT_SUBJECT_PREFIX", "NatsSettings"]
+__all__ = ["DEFAULT_STREAM", "DEFAULT_SUBJECT_PREFIX", "LIVE_SUBJECTS", "NatsSettings"]
 
 DEFAULT_STREAM = "DURABLE_STREAM"
 DEFAULT_SUBJECT_PREFIX = "ds"
 _STREAM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 _STORAGE = ("file", "memory")
+#: The first token of the subjects the stream republishes on (``jetstream.LIVE_PREFIX``).
+LIVE_SUBJECTS = "_DSLIVE"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,6 +75,8 @@ class NatsSettings:
         subject_prefix = options.pop_str("subject_prefix", DEFAULT_SUBJECT_PREFIX)
         if not _PREFIX.match(subject_prefix):
             raise ValueError(f"option 'subject_prefix' must be dot-separated plain tokens, got {subject_prefix!r}")
+        if subject_prefix.partition(".")[0] == LIVE_SUBJECTS:
+            raise ValueError(f"option 'subject_prefix' may not start with {LIVE_SUBJECTS!r} (the adapter's subjects)")
         storage = options.pop_str("storage", "file").lower()
         if storage not in _STORAGE:
             raise ValueError(f"option 'storage' must be one of {_STORAGE}, got {storage!r}")

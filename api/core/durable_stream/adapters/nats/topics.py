@@ -15,19 +15,14 @@ import base64
 import collections
 import secrets
 import weakref
+from collections.abc import Callable
 
 from ..._contract import DurableStreamUnavailableError, TopicSealedError
 from ..._driver import Batch, Position, StoredRecord, TopicHead
 from .cache import ReadCache
-from .jetstream import (
-    KIND_CREATED,
-    KIND_RECORD,
-    KIND_SEALED,
-    KIND_TRIMMED,
-    JetStream,
-    StreamMessage,
-    WrongSequenceError,
-)
+from .jetstream import JetStream, WrongSequenceError
+from .messages import KIND_CREATED, KIND_RECORD, KIND_SEALED, KIND_TRIMMED, StreamMessage
+from .prefetch import LivePrefetch
 
 __all__ = ["TopicStore", "subject_token"]
 
@@ -61,6 +56,18 @@ def _records(messages: list[StreamMessage], after: int) -> list[StoredRecord]:
     ]
 
 
+def _passed(message: StreamMessage, after: Position) -> bool:
+    """Whether ``message``, stored after the reader's position, belongs before it: another incarnation.
+
+    A record or a "created" marker there must carry a higher ordinal. A trim or seal marker carries
+    the last ordinal before it, which may be the reader's own (a topic trimmed to empty right after
+    the reader's record, and a follower that has not applied the next record yet).
+    """
+    if message.is_record or message.kind == KIND_CREATED:
+        return message.ordinal <= after.ordinal
+    return message.ordinal < after.ordinal
+
+
 def _headers(ordinal: int, epoch: str, kind: str = KIND_RECORD) -> dict[str, str]:
     headers = {"Ds-O": str(ordinal), "Ds-E": epoch}
     if kind != KIND_RECORD:
@@ -71,9 +78,13 @@ def _headers(ordinal: int, epoch: str, kind: str = KIND_RECORD) -> dict[str, str
 class TopicStore:
     """Topic operations of one backend object, run on its event loop."""
 
-    def __init__(self, js: JetStream, subject_prefix: str) -> None:
+    def __init__(self, js: JetStream, subject_prefix: str, prefetch: LivePrefetch) -> None:
         self._js = js
         self._prefix = subject_prefix
+        self._prefetch = prefetch
+        #: Called on the loop with a topic this backend object has just appended to (the
+        #: change feed's wake-up: readers of the topic need not wait for the republished copy).
+        self.on_change: Callable[[str], None] | None = None
         self._tails: collections.OrderedDict[str, StreamMessage] = collections.OrderedDict()
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._cache = ReadCache()
@@ -85,6 +96,7 @@ class TopicStore:
         """Drop every remembered tail and read (after a reconnect: the server may have lost them)."""
         self._tails.clear()
         self._cache.clear()
+        self._prefetch.clear()
 
     def _lock(self, subject: str) -> asyncio.Lock:
         lock = self._locks.get(subject)
@@ -120,9 +132,16 @@ class TopicStore:
         except WrongSequenceError:
             self._tails.pop(subject, None)
             raise
-        message = StreamMessage(seq, ordinal, epoch, kind, b"")
+        message = StreamMessage(seq, ordinal, epoch, kind, payload)
         self._remember(subject, message)
+        # Readers of this backend object at the tail need not wait for the server's republished copy.
+        self._prefetch.put(subject, expected, message)
         return message
+
+    def _changed(self, topic: str) -> None:
+        callback = self.on_change
+        if callback is not None:
+            callback(topic)
 
     # -- driver operations --------------------------------------------------------------------
 
@@ -137,6 +156,7 @@ class TopicStore:
                     await self._publish_next(subject, payload, KIND_RECORD, tail)
                 except WrongSequenceError:
                     continue
+                self._changed(topic)
                 return
         raise DurableStreamUnavailableError(f"append to {topic!r} lost {_MAX_ATTEMPTS} races with other writers")
 
@@ -231,15 +251,15 @@ class TopicStore:
                 continue
             if exact.first > after.ordinal + 1:
                 return Batch(head=exact, records=())  # removed by retention: the reader reports the gap
-            if (
-                messages
-                and previous is not None
-                and messages[0].seq > previous
-                and messages[0].ordinal <= after.ordinal
+            after_reader = messages[0] if messages and previous is not None and messages[0].seq > previous else None
+            if after_reader is not None and (
+                _passed(after_reader, after)
+                or (after_reader.ordinal <= after.ordinal and attempt == _READ_ATTEMPTS - 1)
             ):
                 # A message stored after the reader's position with an ordinal the reader has passed:
                 # the topic was deleted and re-created after the reader's last record. The head
-                # carries the new incarnation's epoch; the engine tells the reader.
+                # carries the new incarnation's epoch; the engine tells the reader. (A marker with
+                # the reader's own ordinal is that only if re-reading never brings the next record.)
                 return Batch(head=exact, records=())
             if js.replicated:
                 # A follower that has not applied the newest messages yet may have answered the
@@ -267,35 +287,48 @@ class TopicStore:
     async def trim(self, topic: str, keep_last: int) -> int:
         subject = self.subject(topic)
         async with self._lock(subject):
-            for _ in range(_MAX_ATTEMPTS):
-                last = await self._js.last(subject)
-                if last is None:
-                    return 0
-                head = await self._exact_head(subject, last)
-                if head is None:
-                    continue
-                retained = head.last - head.first + 1
-                if retained <= keep_last:
-                    return 0
-                if keep_last == 0:
-                    if last.is_record:
-                        # A marker keeps the last ordinal and the epoch once every record is gone.
-                        try:
-                            last = await self._publish_next(subject, b"", KIND_TRIMMED, last)
-                        except WrongSequenceError:
-                            continue
-                    await self._js.purge(subject, keep=1)
-                else:
-                    await self._js.purge(subject, keep=keep_last + (0 if last.is_record else 1))
-                return retained - keep_last
-        raise DurableStreamUnavailableError(f"trim of {topic!r} lost {_MAX_ATTEMPTS} races with other writers")
+            removed = await self._trim(subject, keep_last)
+        if removed:
+            await self._purged(subject)
+        return removed
+
+    async def _purged(self, subject: str) -> None:
+        """Records of ``subject`` are gone: forget them here, and tell the other backend objects."""
+        self._prefetch.drop(subject)
+        await self._js.announce_purge(subject.rpartition(".")[2])
+
+    async def _trim(self, subject: str, keep_last: int) -> int:
+        for _ in range(_MAX_ATTEMPTS):
+            last = await self._js.last(subject)
+            if last is None:
+                return 0
+            head = await self._exact_head(subject, last)
+            if head is None:
+                continue
+            retained = head.last - head.first + 1
+            if retained <= keep_last:
+                return 0
+            if keep_last == 0:
+                if last.is_record:
+                    # A marker keeps the last ordinal and the epoch once every record is gone.
+                    try:
+                        last = await self._publish_next(subject, b"", KIND_TRIMMED, last)
+                    except WrongSequenceError:
+                        continue
+                await self._js.purge(subject, keep=1)
+            else:
+                await self._js.purge(subject, keep=keep_last + (0 if last.is_record else 1))
+            return retained - keep_last
+        raise DurableStreamUnavailableError(f"trim of {subject!r} lost {_MAX_ATTEMPTS} races with other writers")
 
     async def delete(self, topic: str) -> bool:
         subject = self.subject(topic)
         async with self._lock(subject):
             self._tails.pop(subject, None)
             self._cache.drop(subject)
-            return await self._js.purge(subject) > 0
+            removed = await self._js.purge(subject) > 0
+        await self._purged(subject)
+        return removed
 
     async def info(self, topic: str) -> tuple[int, int, int, bool, str] | None:
         """``(length, first, last, sealed, epoch)`` of the topic, or ``None`` if it does not exist."""
