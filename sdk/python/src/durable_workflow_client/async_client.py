@@ -17,13 +17,12 @@ from typing import Any, Literal, Self, overload
 import httpx
 from httpx_sse import EventSource
 
-from .base import ClientBase
-from .common import DEFAULT_READ_TIMEOUT, ReconnectHook, accepted_of, handle_of, outcome_of, passport_of, timeouts
+from .base import ClientBase, ServiceFlavour, WebFlavour
+from .common import accepted_of, handle_of, outcome_of, passport_of
 from .errors import ApiError, ConnectionLostError, EventsGoneError
 from .events import Event
 from .models import HumanInputAccepted, Passport, RunDetail, RunHandle, RunOutcome
-from .protocol import SERVICE_ROUTES, WEB_ROUTES, Request, Routes, error_of_answer
-from .retry import RetryPolicy
+from .protocol import Request, error_of_answer
 from .sessions import RECONNECTABLE, StreamSession, StreamView
 
 
@@ -105,17 +104,8 @@ class AsyncEventStream(_Closing, StreamView, AsyncIterator[Event]):
 class AsyncClientCore(_Closing, ClientBase[httpx.AsyncClient]):
     """What both flavours share: the HTTP client, credentials, retries and the stream plumbing."""
 
-    def __init__(
-        self,
-        base_url: str,
-        routes: Routes,
-        retry: RetryPolicy | None,
-        read_timeout: float,
-        on_reconnect: ReconnectHook | None,
-        http_client: httpx.AsyncClient | None,
-    ) -> None:
-        http = http_client or httpx.AsyncClient(timeout=timeouts(read_timeout))
-        super().__init__(base_url, routes, retry, on_reconnect, http, owns_http=http_client is None)
+    def new_http(self, timeout: httpx.Timeout) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=timeout)
 
     async def prepare(self) -> None:
         """Obtain what :meth:`auth_headers` needs, if that takes a request."""
@@ -179,7 +169,7 @@ class AsyncClientCore(_Closing, ClientBase[httpx.AsyncClient]):
             await self.http.aclose()
 
 
-class AsyncClient(AsyncClientCore):
+class AsyncClient(ServiceFlavour[httpx.AsyncClient], AsyncClientCore):
     """The service API with an app's API key; every call names the end user.
 
     Args:
@@ -191,22 +181,6 @@ class AsyncClient(AsyncClientCore):
         on_reconnect: called before each reconnect of a stream (e.g. to show a note).
         http_client: an ``httpx.AsyncClient`` of your own (proxies, TLS); not closed by :meth:`aclose`.
     """
-
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str,
-        *,
-        retry: RetryPolicy | None = None,
-        read_timeout: float = DEFAULT_READ_TIMEOUT,
-        on_reconnect: ReconnectHook | None = None,
-        http_client: httpx.AsyncClient | None = None,
-    ) -> None:
-        super().__init__(base_url, SERVICE_ROUTES, retry, read_timeout, on_reconnect, http_client)
-        self.api_key = api_key
-
-    def auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"}
 
     @overload
     def run(
@@ -251,27 +225,12 @@ class AsyncClient(AsyncClientCore):
         return await self.fetch_run(run_id, user)
 
 
-class AsyncWebClient(AsyncClientCore):
+class AsyncWebClient(WebFlavour[httpx.AsyncClient], AsyncClientCore):
     """The web app of one site (``site_code``) as a browser sees it: a passport names the end user.
 
     The passport is fetched on first use; pass a saved one (:meth:`get_passport`) to act as the same end
     user in another process (its runs are visible to that end user only).
     """
-
-    def __init__(
-        self,
-        base_url: str,
-        site_code: str,
-        *,
-        passport: Passport | None = None,
-        retry: RetryPolicy | None = None,
-        read_timeout: float = DEFAULT_READ_TIMEOUT,
-        on_reconnect: ReconnectHook | None = None,
-        http_client: httpx.AsyncClient | None = None,
-    ) -> None:
-        super().__init__(base_url, WEB_ROUTES, retry, read_timeout, on_reconnect, http_client)
-        self.site_code = site_code
-        self._passport = passport
 
     async def get_passport(self) -> Passport:
         """The end user's passport (fetched on first use)."""

@@ -8,12 +8,13 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
-from .common import ReconnectHook
-from .protocol import Request, Routes, StreamState
+from .common import DEFAULT_READ_TIMEOUT, ReconnectHook, timeouts
+from .models import Passport
+from .protocol import SERVICE_ROUTES, WEB_ROUTES, Request, Routes, StreamState
 from .retry import RetryPolicy
 from .sessions import Call, StreamSession
 
-HttpClient = TypeVar("HttpClient", httpx.Client, httpx.AsyncClient)
+HttpClient = TypeVar("HttpClient", bound=httpx.Client | httpx.AsyncClient)
 
 
 class ClientBase(Generic[HttpClient]):
@@ -24,17 +25,20 @@ class ClientBase(Generic[HttpClient]):
         base_url: str,
         routes: Routes,
         retry: RetryPolicy | None,
+        read_timeout: float,
         on_reconnect: ReconnectHook | None,
-        http: HttpClient,
-        *,
-        owns_http: bool,
+        http_client: HttpClient | None,
     ) -> None:
         self.routes = routes
         self.retry = retry or RetryPolicy()
         self.on_reconnect = on_reconnect
-        self._owns_http = owns_http
-        self.http: HttpClient = http
+        self._owns_http = http_client is None
+        self.http: HttpClient = http_client or self.new_http(timeouts(read_timeout))
         self.base_url = base_url.rstrip("/")
+
+    def new_http(self, timeout: httpx.Timeout) -> HttpClient:
+        """The HTTP client of its own that a client makes when it is not given one."""
+        raise NotImplementedError
 
     def auth_headers(self) -> dict[str, str]:
         raise NotImplementedError
@@ -73,3 +77,42 @@ class ClientBase(Generic[HttpClient]):
     ) -> StreamSession:
         first = self.routes.events(task_id, user, last_event_id=after, continue_on_pause=continue_on_pause)
         return self.new_session(first, user, task_id=task_id, after=after, continue_on_pause=continue_on_pause)
+
+
+class ServiceFlavour(ClientBase[HttpClient]):
+    """The service API (``/v1``) with an app's API key; the public classes document the arguments."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        retry: RetryPolicy | None = None,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        on_reconnect: ReconnectHook | None = None,
+        http_client: HttpClient | None = None,
+    ) -> None:
+        super().__init__(base_url, SERVICE_ROUTES, retry, read_timeout, on_reconnect, http_client)
+        self.api_key = api_key
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
+class WebFlavour(ClientBase[HttpClient]):
+    """The web app (``/api``) of one site, a passport naming the end user; each I/O flavour obtains it."""
+
+    def __init__(
+        self,
+        base_url: str,
+        site_code: str,
+        *,
+        passport: Passport | None = None,
+        retry: RetryPolicy | None = None,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        on_reconnect: ReconnectHook | None = None,
+        http_client: HttpClient | None = None,
+    ) -> None:
+        super().__init__(base_url, WEB_ROUTES, retry, read_timeout, on_reconnect, http_client)
+        self.site_code = site_code
+        self._passport = passport
