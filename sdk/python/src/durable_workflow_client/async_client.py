@@ -2,8 +2,8 @@
 :class:`~durable_workflow_client.Client` and :class:`~durable_workflow_client.WebClient` with ``await``.
 
 Both stream a run's events as an :class:`AsyncEventStream`, which reconnects by itself: see
-:mod:`durable_workflow_client.protocol` for the rules and :mod:`durable_workflow_client.retry` for
-the budget.
+:mod:`durable_workflow_client.sessions` for the rules (the same for both clients: this module only
+sends, reads and waits) and :mod:`durable_workflow_client.retry` for the budget.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The blocking client: :class:`Client` (service API, API key) and :class:`WebClient` (web app, passport).
 
 Both stream a run's events as an :class:`EventStream`, which reconnects by itself: see
-:mod:`durable_workflow_client.protocol` for the rules and :mod:`durable_workflow_client.retry` for
-the budget.
+:mod:`durable_workflow_client.sessions` for the rules (the same for both clients: this module only
+sends, reads and waits) and :mod:`durable_workflow_client.retry` for the budget.
 """
 
 from __future__ import annotations
