@@ -2,43 +2,46 @@
 :class:`~durable_workflow_client.Client` and :class:`~durable_workflow_client.WebClient` with ``await``.
 
 Both stream a run's events as an :class:`AsyncEventStream`, which reconnects by itself: see
-:mod:`durable_workflow_client.protocol` for the rules and :mod:`durable_workflow_client.retry` for
-the budget.
+:mod:`durable_workflow_client.sessions` for the rules (the same for both clients: this module only
+sends, reads and waits) and :mod:`durable_workflow_client.retry` for the budget.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import types
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Mapping
 from typing import Any, Literal, Self, overload
 
 import httpx
-from httpx_sse import EventSource, SSEError
+from httpx_sse import EventSource
 
-from .common import (
-    DEFAULT_READ_TIMEOUT,
-    HEALTHY_AFTER,
-    ReconnectInfo,
-    StreamEnded,
-    is_resendable,
-    lost,
-    outcome_of,
-    passport_of,
-    timeouts,
-)
-from .errors import ApiError, ConnectionLostError, EventsGoneError, ServiceUnavailableError
+from .base import ClientBase, ServiceFlavour, WebFlavour
+from .common import accepted_of, handle_of, outcome_of, passport_of
+from .errors import ApiError, ConnectionLostError, EventsGoneError
 from .events import Event
 from .models import HumanInputAccepted, Passport, RunDetail, RunHandle, RunOutcome
-from .protocol import SERVICE_ROUTES, WEB_ROUTES, Request, Routes, StreamState, error_of_answer, json_body
-from .retry import Backoff, RetryPolicy
-
-ReconnectHook = Callable[[ReconnectInfo], None]
+from .protocol import Request, error_of_answer
+from .sessions import RECONNECTABLE, StreamSession, StreamView
 
 
-class AsyncEventStream(AsyncIterator[Event]):
+class _Closing:
+    """``async with`` closes it."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class AsyncEventStream(_Closing, StreamView, AsyncIterator[Event]):
     """A run's events, exactly once and in order, across as many connections as it takes.
 
     Iterate it (or use it as a context manager and iterate). :attr:`last_event_id` is the resume
@@ -46,26 +49,10 @@ class AsyncEventStream(AsyncIterator[Event]):
     to continue in another process.
     """
 
-    def __init__(self, core: AsyncClientCore, state: StreamState, first: Request, user: str | None) -> None:
+    def __init__(self, core: AsyncClientCore, session: StreamSession) -> None:
+        super().__init__(session)
         self._core = core
-        self._state = state
-        self._first = first
-        self._user = user
         self._events: AsyncGenerator[Event, None] | None = None
-        #: How many times the stream reconnected after a failure.
-        self.reconnects = 0
-
-    @property
-    def last_event_id(self) -> str | None:
-        return self._state.last_event_id
-
-    @property
-    def task_id(self) -> str | None:
-        return self._state.task_id
-
-    @property
-    def workflow_run_id(self) -> str | None:
-        return self._state.workflow_run_id
 
     def __aiter__(self) -> Self:
         return self
@@ -80,133 +67,54 @@ class AsyncEventStream(AsyncIterator[Event]):
         if self._events is not None:
             await self._events.aclose()
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    def _resume_request(self) -> Request:
-        state = self._state
-        assert state.task_id is not None
-        return self._core.routes.events(
-            state.task_id, self._user, last_event_id=state.last_event_id, continue_on_pause=state.continue_on_pause
-        )
-
     async def _run(self) -> AsyncGenerator[Event, None]:
-        state, core = self._state, self._core
-        backoff = Backoff(core.retry)
-        request = self._first
-        while True:
+        session = self._session
+        while not session.done:
             try:
-                async for event in self._connection(request, backoff):
+                async for event in self._connection(session.request):
                     yield event
-                return
-            except StreamEnded as ended:
-                if ended.planned:
-                    request = self._resume_request()
-                    continue
-                failure: Exception = ended
             except EventsGoneError as exc:
-                raise await self._core.with_run(exc, state.workflow_run_id, self._user) from None
-            except ServiceUnavailableError as exc:
-                if state.task_id is None and not is_resendable(request, exc):
-                    raise
-                failure = exc
-            except (httpx.TransportError, SSEError) as exc:
-                if state.task_id is None and not isinstance(exc, httpx.ConnectError):
-                    # A run's POST that failed after it was sent: the run may or may not exist.
-                    raise lost(exc, 1, None, started=True) from exc
-                if (
-                    state.after_pause
-                    and not state.continue_on_pause
-                    and await self._core.still_paused(state, self._user)
-                ):
-                    state.done = True
+                raise await self._core.with_run(exc, session) from None
+            except RECONNECTABLE as exc:
+                if session.failed(exc) and await self._core.still_paused(session):
+                    session.finish()
                     return
-                failure = exc
-            backoff.server_retry = state.server_retry
-            delay = backoff.next_delay(getattr(failure, "retry_after", None))
-            if delay is None:
-                raise lost(failure, backoff.failures, state.last_event_id) from failure
-            self.reconnects += 1
-            if core.on_reconnect is not None:
-                core.on_reconnect(ReconnectInfo(self.reconnects, delay, failure, state.last_event_id))
-            await asyncio.sleep(delay)
-            if state.task_id is not None:
-                request = self._resume_request()
+                await asyncio.sleep(session.reconnect(exc))
 
-    async def _connection(self, request: Request, backoff: Backoff) -> AsyncGenerator[Event, None]:
-        """The events of one connection; returns when the stream is over, raises when it must go on."""
-        state = self._state
+    async def _connection(self, request: Request) -> AsyncGenerator[Event, None]:
+        """The events of one connection; returns when the stream is over or goes on, raises when it failed."""
+        session = self._session
         response = await self._core.open(request)
         try:
             if response.status_code != 200:
                 await response.aread()
                 raise error_of_answer(response.status_code, response.headers, response.content)
-            state.on_connected(response.headers)
-            opened = time.monotonic()
+            session.connected(response.headers)
             async for sse in EventSource(response).aiter_sse():
-                event = state.on_message(sse)
-                if event is not None or time.monotonic() - opened >= HEALTHY_AFTER:
-                    backoff.succeeded()
+                event = session.received(sse)
                 if event is not None:
                     yield event
-                if state.done:
+                if session.done:
                     return
         finally:
             await response.aclose()
-        planned = state.on_response_end()
-        if not state.done:
-            raise StreamEnded(planned)
+        session.ended()
 
 
-class AsyncClientCore:
+class AsyncClientCore(_Closing, ClientBase[httpx.AsyncClient]):
     """What both flavours share: the HTTP client, credentials, retries and the stream plumbing."""
 
-    def __init__(
-        self,
-        base_url: str,
-        routes: Routes,
-        *,
-        retry: RetryPolicy | None,
-        read_timeout: float,
-        on_reconnect: ReconnectHook | None,
-        http_client: httpx.AsyncClient | None,
-    ) -> None:
-        self.routes = routes
-        self.retry = retry or RetryPolicy()
-        self.on_reconnect = on_reconnect
-        self._owns_http = http_client is None
-        self.http = http_client or httpx.AsyncClient(timeout=timeouts(read_timeout))
-        self.base_url = base_url.rstrip("/")
-
-    def auth_headers(self) -> dict[str, str]:
-        raise NotImplementedError
+    def new_http(self, timeout: httpx.Timeout) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=timeout)
 
     async def prepare(self) -> None:
         """Obtain what :meth:`auth_headers` needs, if that takes a request."""
-
-    def _build(self, request: Request) -> httpx.Request:
-        auth = self.auth_headers() if request.authenticated else {}
-        return self.http.build_request(
-            request.method,
-            self.base_url + request.path,
-            params=request.params,
-            json=request.json,
-            headers={**auth, **request.headers},
-        )
 
     async def open(self, request: Request) -> httpx.Response:
         """Send ``request`` and return the response with its body not yet read (close it)."""
         if request.authenticated:
             await self.prepare()
-        built = self._build(request)
-        built.headers["Accept"] = "text/event-stream"
-        built.headers["Cache-Control"] = "no-store"
-        return await self.http.send(built, stream=True)
+        return await self.http.send(self.build(request, stream=True), stream=True)
 
     async def call(self, request: Request) -> dict[str, Any]:
         """Send ``request`` (again, within the budget, where that is safe); its JSON answer.
@@ -217,32 +125,17 @@ class AsyncClientCore:
         """
         if request.authenticated:
             await self.prepare()
-        backoff = Backoff(self.retry)
+        call = self.new_call(request)
         while True:
-            failure: Exception
             try:
-                response = await self.http.send(self._build(request))
+                response = await self.http.send(self.build(request))
             except httpx.TransportError as exc:
-                if not (request.idempotent or isinstance(exc, httpx.ConnectError)):
-                    raise lost(exc, 1, None, started=True) from exc
-                failure = exc
+                step = call.failed(exc)
             else:
-                if response.is_success:
-                    return json_body(response.status_code, response.content)
-                error = error_of_answer(response.status_code, response.headers, response.content)
-                if not is_resendable(request, error):
-                    raise error
-                failure = error
-            delay = backoff.next_delay(getattr(failure, "retry_after", None))
-            if delay is None:
-                raise lost(failure, backoff.failures, None) from failure
-            await asyncio.sleep(delay)
-
-    def stream(
-        self, first: Request, user: str | None, *, task_id: str | None, after: str | None, continue_on_pause: bool
-    ) -> AsyncEventStream:
-        state = StreamState(task_id=task_id, last_event_id=after, continue_on_pause=continue_on_pause)
-        return AsyncEventStream(self, state, first, user)
+                step = call.answered(response.status_code, response.headers, response.content)
+            if step.body is not None:
+                return step.body
+            await asyncio.sleep(step.delay)
 
     async def _blocking(self, request: Request) -> RunOutcome:
         return outcome_of(await self.call(request))
@@ -250,39 +143,33 @@ class AsyncClientCore:
     async def fetch_run(self, run_id: str, user: str | None) -> RunDetail:
         return RunDetail.from_json(await self.call(self.routes.get_run(run_id, user)))
 
-    async def still_paused(self, state: StreamState, user: str | None) -> bool:
+    async def still_paused(self, session: StreamSession) -> bool:
         """After a connection broke right after a pause: whether the run is still paused (the stream is over).
 
         The web app has no run endpoint: there a pause that was the last event is taken as the end.
         """
-        if not self.routes.with_user or state.workflow_run_id is None:
+        run_id = session.run_to_fetch
+        if run_id is None:
             return True
         try:
-            return (await self.fetch_run(state.workflow_run_id, user)).status == "paused"
+            return (await self.fetch_run(run_id, session.user)).status == "paused"
         except (ApiError, ConnectionLostError):
             return False
 
-    async def with_run(self, error: EventsGoneError, run_id: str | None, user: str | None) -> EventsGoneError:
+    async def with_run(self, error: EventsGoneError, session: StreamSession) -> EventsGoneError:
         """A 410 carries the run's row; fetch it if an older server did not send it."""
-        if error.run is None and self.routes.with_user and run_id is not None:
+        run_id = session.run_to_fetch
+        if error.run is None and run_id is not None:
             with contextlib.suppress(ApiError, ConnectionLostError):
-                error.run = await self.fetch_run(run_id, user)
+                error.run = await self.fetch_run(run_id, session.user)
         return error
 
     async def aclose(self) -> None:
         if self._owns_http:
             await self.http.aclose()
 
-    async def __aenter__(self) -> Self:
-        return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-
-class AsyncClient(AsyncClientCore):
+class AsyncClient(ServiceFlavour[httpx.AsyncClient], AsyncClientCore):
     """The service API with an app's API key; every call names the end user.
 
     Args:
@@ -294,29 +181,6 @@ class AsyncClient(AsyncClientCore):
         on_reconnect: called before each reconnect of a stream (e.g. to show a note).
         http_client: an ``httpx.AsyncClient`` of your own (proxies, TLS); not closed by :meth:`aclose`.
     """
-
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str,
-        *,
-        retry: RetryPolicy | None = None,
-        read_timeout: float = DEFAULT_READ_TIMEOUT,
-        on_reconnect: ReconnectHook | None = None,
-        http_client: httpx.AsyncClient | None = None,
-    ) -> None:
-        super().__init__(
-            base_url,
-            SERVICE_ROUTES,
-            retry=retry,
-            read_timeout=read_timeout,
-            on_reconnect=on_reconnect,
-            http_client=http_client,
-        )
-        self.api_key = api_key
-
-    def auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"}
 
     @overload
     def run(
@@ -336,25 +200,17 @@ class AsyncClient(AsyncClientCore):
         (``blocking`` mode)."""
         if not stream:
             return self._blocking(self.routes.run(inputs, user, "blocking"))
-        return self.stream(
-            self.routes.run(inputs, user, "streaming"),
-            user,
-            task_id=None,
-            after=None,
-            continue_on_pause=continue_on_pause,
-        )
+        return AsyncEventStream(self, self.run_session(inputs, user, continue_on_pause))
 
     async def start(self, inputs: Mapping[str, Any], user: str) -> RunHandle:
         """Start a run in the background (``async`` mode); follow it later with :meth:`follow`."""
-        body = await self.call(self.routes.run(inputs, user, "async"))
-        return RunHandle(task_id=str(body["task_id"]), workflow_run_id=str(body["workflow_run_id"]))
+        return handle_of(await self.call(self.routes.run(inputs, user, "async")))
 
     def follow(
         self, task_id: str, user: str, *, after: str | None = None, continue_on_pause: bool = False
     ) -> AsyncEventStream:
         """(Re)attach to a run's events: strictly after the resume token ``after``, or from its beginning."""
-        first = self.routes.events(task_id, user, last_event_id=after, continue_on_pause=continue_on_pause)
-        return self.stream(first, user, task_id=task_id, after=after, continue_on_pause=continue_on_pause)
+        return AsyncEventStream(self, self.follow_session(task_id, user, after, continue_on_pause))
 
     async def stop(self, task_id: str, user: str) -> None:
         """Stop a running or paused run (idempotent)."""
@@ -362,42 +218,19 @@ class AsyncClient(AsyncClientCore):
 
     async def submit_human_input(self, run_id: str, user: str, inputs: Mapping[str, Any]) -> HumanInputAccepted:
         """Submit the form of a paused run's human-input node; the run goes on in the background."""
-        body = await self.call(self.routes.human_input(run_id, user, inputs))
-        return HumanInputAccepted(str(body["task_id"]), str(body["workflow_run_id"]), str(body["status"]))
+        return accepted_of(await self.call(self.routes.human_input(run_id, user, inputs)))
 
     async def get_run(self, run_id: str, user: str) -> RunDetail:
         """The run's row (status, outputs, error, timing)."""
         return await self.fetch_run(run_id, user)
 
 
-class AsyncWebClient(AsyncClientCore):
+class AsyncWebClient(WebFlavour[httpx.AsyncClient], AsyncClientCore):
     """The web app of one site (``site_code``) as a browser sees it: a passport names the end user.
 
     The passport is fetched on first use; pass a saved one (:meth:`get_passport`) to act as the same end
     user in another process (its runs are visible to that end user only).
     """
-
-    def __init__(
-        self,
-        base_url: str,
-        site_code: str,
-        *,
-        passport: Passport | None = None,
-        retry: RetryPolicy | None = None,
-        read_timeout: float = DEFAULT_READ_TIMEOUT,
-        on_reconnect: ReconnectHook | None = None,
-        http_client: httpx.AsyncClient | None = None,
-    ) -> None:
-        super().__init__(
-            base_url,
-            WEB_ROUTES,
-            retry=retry,
-            read_timeout=read_timeout,
-            on_reconnect=on_reconnect,
-            http_client=http_client,
-        )
-        self.site_code = site_code
-        self._passport = passport
 
     async def get_passport(self) -> Passport:
         """The end user's passport (fetched on first use)."""
@@ -426,16 +259,13 @@ class AsyncWebClient(AsyncClientCore):
         """As :meth:`AsyncClient.run`, for the passport's end user."""
         if not stream:
             return self._blocking(self.routes.run(inputs, None, "blocking"))
-        first = self.routes.run(inputs, None, "streaming")
-        return self.stream(first, None, task_id=None, after=None, continue_on_pause=continue_on_pause)
+        return AsyncEventStream(self, self.run_session(inputs, None, continue_on_pause))
 
     async def start(self, inputs: Mapping[str, Any]) -> RunHandle:
-        body = await self.call(self.routes.run(inputs, None, "async"))
-        return RunHandle(task_id=str(body["task_id"]), workflow_run_id=str(body["workflow_run_id"]))
+        return handle_of(await self.call(self.routes.run(inputs, None, "async")))
 
     def follow(self, task_id: str, *, after: str | None = None, continue_on_pause: bool = False) -> AsyncEventStream:
-        first = self.routes.events(task_id, None, last_event_id=after, continue_on_pause=continue_on_pause)
-        return self.stream(first, None, task_id=task_id, after=after, continue_on_pause=continue_on_pause)
+        return AsyncEventStream(self, self.follow_session(task_id, None, after, continue_on_pause))
 
     async def stop(self, task_id: str) -> None:
         await self.call(self.routes.stop(task_id, None))

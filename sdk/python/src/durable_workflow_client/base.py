@@ -1,0 +1,118 @@
+"""What a client of either flavour holds and decides without I/O: where it sends, with which
+credentials and within which budget, and the call or stream session of each request."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
+
+import httpx
+
+from .common import DEFAULT_READ_TIMEOUT, ReconnectHook, timeouts
+from .models import Passport
+from .protocol import SERVICE_ROUTES, WEB_ROUTES, Request, Routes, StreamState
+from .retry import RetryPolicy
+from .sessions import Call, StreamSession
+
+HttpClient = TypeVar("HttpClient", bound=httpx.Client | httpx.AsyncClient)
+
+
+class ClientBase(Generic[HttpClient]):
+    """The state both I/O flavours share; they add sending and waiting."""
+
+    def __init__(
+        self,
+        base_url: str,
+        routes: Routes,
+        retry: RetryPolicy | None,
+        read_timeout: float,
+        on_reconnect: ReconnectHook | None,
+        http_client: HttpClient | None,
+    ) -> None:
+        self.routes = routes
+        self.retry = retry or RetryPolicy()
+        self.on_reconnect = on_reconnect
+        self._owns_http = http_client is None
+        self.http: HttpClient = http_client or self.new_http(timeouts(read_timeout))
+        self.base_url = base_url.rstrip("/")
+
+    def new_http(self, timeout: httpx.Timeout) -> HttpClient:
+        """The HTTP client of its own that a client makes when it is not given one."""
+        raise NotImplementedError
+
+    def auth_headers(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def build(self, request: Request, *, stream: bool = False) -> httpx.Request:
+        """The HTTP request of ``request``, with the credentials if it needs them."""
+        auth = self.auth_headers() if request.authenticated else {}
+        built = self.http.build_request(
+            request.method,
+            self.base_url + request.path,
+            params=request.params,
+            json=request.json,
+            headers={**auth, **request.headers},
+        )
+        if stream:
+            built.headers["Accept"] = "text/event-stream"
+            built.headers["Cache-Control"] = "no-store"
+        return built
+
+    def new_call(self, request: Request) -> Call:
+        return Call(request, self.retry)
+
+    def new_session(
+        self, first: Request, user: str | None, *, task_id: str | None, after: str | None, continue_on_pause: bool
+    ) -> StreamSession:
+        state = StreamState(task_id=task_id, last_event_id=after, continue_on_pause=continue_on_pause)
+        return StreamSession(self.routes, first, user, state, policy=self.retry, on_reconnect=self.on_reconnect)
+
+    def run_session(self, inputs: Mapping[str, Any], user: str | None, continue_on_pause: bool) -> StreamSession:
+        """A streaming run's stream: its POST first, then the events endpoint once the run is known."""
+        first = self.routes.run(inputs, user, "streaming")
+        return self.new_session(first, user, task_id=None, after=None, continue_on_pause=continue_on_pause)
+
+    def follow_session(
+        self, task_id: str, user: str | None, after: str | None, continue_on_pause: bool
+    ) -> StreamSession:
+        first = self.routes.events(task_id, user, last_event_id=after, continue_on_pause=continue_on_pause)
+        return self.new_session(first, user, task_id=task_id, after=after, continue_on_pause=continue_on_pause)
+
+
+class ServiceFlavour(ClientBase[HttpClient]):
+    """The service API (``/v1``) with an app's API key; the public classes document the arguments."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        retry: RetryPolicy | None = None,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        on_reconnect: ReconnectHook | None = None,
+        http_client: HttpClient | None = None,
+    ) -> None:
+        super().__init__(base_url, SERVICE_ROUTES, retry, read_timeout, on_reconnect, http_client)
+        self.api_key = api_key
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
+class WebFlavour(ClientBase[HttpClient]):
+    """The web app (``/api``) of one site, a passport naming the end user; each I/O flavour obtains it."""
+
+    def __init__(
+        self,
+        base_url: str,
+        site_code: str,
+        *,
+        passport: Passport | None = None,
+        retry: RetryPolicy | None = None,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        on_reconnect: ReconnectHook | None = None,
+        http_client: HttpClient | None = None,
+    ) -> None:
+        super().__init__(base_url, WEB_ROUTES, retry, read_timeout, on_reconnect, http_client)
+        self.site_code = site_code
+        self._passport = passport
