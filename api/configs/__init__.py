@@ -30,6 +30,19 @@ class AppConfig(BaseSettings):
     VAR_DIR: pathlib.Path = Field(default=PROJECT_ROOT / "var", description="Where embedded data lives.")
 
     SQLALCHEMY_DATABASE_URI: str = Field(default="", description="App database; default SQLite in VAR_DIR.")
+    SQLALCHEMY_POOL_SIZE: int = Field(
+        default=10, ge=1, description="App database connections each process keeps open (its pool's size)."
+    )
+    SQLALCHEMY_MAX_OVERFLOW: int = Field(
+        default=10, ge=0, description="Connections a process may open beyond SQLALCHEMY_POOL_SIZE under load."
+    )
+    # Whole seconds: Flask-SQLAlchemy builds the engine with engine_from_config(), which makes it an int.
+    SQLALCHEMY_POOL_TIMEOUT: int = Field(
+        default=10,
+        ge=1,
+        description="Seconds a request waits for a free app database connection; then it is answered 503 "
+        "database_busy (with Retry-After) rather than waiting on.",
+    )
     DURABLE_STREAM_URL: str = Field(default="", description="Durable-stream backend; default SQLite in VAR_DIR.")
     REDIS_URL: str | None = Field(default=None, description="Redis for the broadcast channel, if used.")
     REDIS_MAX_CONNECTIONS: int = Field(

@@ -18,10 +18,17 @@ __all__ = ["init_app"]
 def init_app(app: Flask, config: AppConfig) -> None:
     uri = config.database_uri()
     app.config["SQLALCHEMY_DATABASE_URI"] = uri
-    options: dict[str, Any] = {"pool_pre_ping": True}
+    # A request that finds the pool empty waits SQLALCHEMY_POOL_TIMEOUT, then is answered 503.
+    options: dict[str, Any] = {
+        "pool_size": config.SQLALCHEMY_POOL_SIZE,
+        "max_overflow": config.SQLALCHEMY_MAX_OVERFLOW,
+        "pool_timeout": config.SQLALCHEMY_POOL_TIMEOUT,
+    }
     if uri.startswith("sqlite"):
         config.VAR_DIR.mkdir(parents=True, exist_ok=True)
-        options = {"connect_args": {"timeout": 30, "check_same_thread": False}}
+        options["connect_args"] = {"timeout": 30, "check_same_thread": False}
+    else:
+        options["pool_pre_ping"] = True
     app.config["SQLALCHEMY_ENGINE_OPTIONS"] = options
     db.init_app(app)
     with app.app_context():

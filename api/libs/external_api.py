@@ -7,7 +7,8 @@ from typing import Any
 
 from flask import Response, jsonify, request
 from flask_restful import Api
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from api.libs.errors import ServiceError
@@ -39,6 +40,18 @@ def http_error_response(error: Exception) -> Response:
         # Validation should have answered first; reaching here means a check is missing somewhere.
         logger.warning("the database refused a request value: %s", getattr(error, "orig", error))
         return error_response("invalid_param", "a value in the request cannot be stored or looked up", 400)
+    if isinstance(error, PoolTimeoutError):
+        # Every connection of this process's pool stayed taken for SQLALCHEMY_POOL_TIMEOUT: the
+        # process is overloaded, which a later try may not find.
+        logger.warning("no free app database connection: %s", error)
+        return error_response("database_busy", "the server is busy; try again shortly", 503, retry_after=1)
+    if isinstance(error, OperationalError):
+        # The database cannot be reached, or refused the connection or statement for a reason of
+        # its own (down, restarting, out of connections, locked).
+        logger.warning("the app database is unavailable: %s", getattr(error, "orig", error))
+        return error_response(
+            "database_unavailable", "the database is unavailable; try again shortly", 503, retry_after=5
+        )
     logger.exception("unhandled error", exc_info=error)
     return error_response("internal_server_error", "internal server error", 500)
 
