@@ -57,6 +57,7 @@ async def follow(
     ).encode()
     writer = None
     answered = False
+    seen = 0  # the stream's events after the run's pause (all of them on a live-only stream)
     try:
         async with gate:
             try:
@@ -86,10 +87,12 @@ async def follow(
                     return
                 if not line.startswith(b"data: "):
                     continue
-                if resumed:
-                    totals.events += 1
-                elif line.startswith(b'data: {"event":"workflow_paused"'):
+                # A durable stream replays the run up to its pause first; a live-only (broadcast) one
+                # starts with what comes after it.
+                seen += 1
+                if not resumed and line.startswith(b'data: {"event":"workflow_paused"'):
                     resumed = True
+                    seen = 0
                 if line.startswith(b'data: {"event":"text_chunk"'):
                     match = PROBE.search(line)
                     if match is None:
@@ -114,6 +117,7 @@ async def follow(
         except OSError:
             totals.broken += 1
     finally:
+        totals.events += seen
         if not answered:
             totals.answered += 1
             if totals.answered == job["clients"]:
