@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install chromium lint docs test test-threads test-gevent bench soak run clean
+.PHONY: install chromium lint docs test test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
 
 install: $(STAMP)
 
@@ -50,10 +50,21 @@ test: lint chromium test-threads test-gevent
 test-threads: install chromium
 	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile
 
+# Two gevent-patched pytest processes side by side (the contracts of the stores on this machine's shared
+# servers; the clustered and NATS stores and the adapters' own tests), each printed whole when it ends.
+GEVENT_PYTEST := EXPECT_GEVENT=1 $(BIN)/python -m gevent.monkey --module pytest -p no:cacheprovider
+
 test-gevent: install
-	EXPECT_GEVENT=1 $(BIN)/python -m gevent.monkey --module pytest -p no:cacheprovider \
-		tests/durable_stream/test_contract_*.py tests/durable_stream/test_redis_adapter.py \
-		tests/durable_stream/test_nats_adapter.py tests/durable_stream/test_nats_faults.py tests/broadcast_channel
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-gevent-local test-gevent-clustered
+
+test-gevent-local: install
+	$(GEVENT_PYTEST) tests/durable_stream/test_contract_memory.py tests/durable_stream/test_contract_sqlite.py \
+		tests/durable_stream/test_contract_redis.py tests/durable_stream/test_contract_postgres.py tests/broadcast_channel
+
+test-gevent-clustered: install
+	$(GEVENT_PYTEST) tests/durable_stream/test_contract_redis_cluster.py tests/durable_stream/test_contract_nats.py \
+		tests/durable_stream/test_redis_adapter.py tests/durable_stream/test_nats_adapter.py \
+		tests/durable_stream/test_nats_faults.py
 
 bench: install
 	$(BIN)/python -m bench.redis
