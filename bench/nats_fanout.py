@@ -12,7 +12,6 @@ measured after the child's start-up reads have settled.
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 import threading
@@ -21,8 +20,8 @@ import urllib.request
 import uuid
 from typing import Any
 
-from api.core.durable_stream import CLOSED, connect
-from bench.common import percentile
+from api.core.durable_stream import connect
+from bench.common import append_timestamps, follow_timestamps, percentile
 
 SUBSCRIPTIONS = 2000
 TOPICS = 200
@@ -39,28 +38,9 @@ def _ms(value: float) -> float:
 
 def child(argv: list[str]) -> None:
     """In the gevent-patched child: the subscriptions; latencies reported as JSON on stdout."""
-    import gevent
-
     url, name, count, *names = argv
     backend = connect(url, stream=_STREAM, subject_prefix=_PREFIX, name=name)
-    subscriptions = [backend.topic(names[i % len(names)]).subscribe_from_tail() for i in range(int(count))]
-    for subscription in subscriptions:
-        subscription.__enter__()
-    latencies: list[float] = []
-
-    def consume(subscription: Any) -> None:
-        while True:
-            record = subscription.receive(timeout=1.0)
-            if record is None:
-                continue
-            if record is CLOSED or record.payload == b"end":
-                return
-            latencies.append(time.time() - float(record.payload))
-
-    greenlets = [gevent.spawn(consume, s) for s in subscriptions]
-    gevent.sleep(2.0)  # past the subscriptions' first reads: a process in its steady state
-    print("ready", flush=True)
-    gevent.joinall(greenlets, timeout=300)
+    latencies = follow_timestamps(backend, names, int(count), settle=2.0)
     backend.close()
     result = {
         "deliveries": len(latencies),
@@ -109,15 +89,7 @@ def run(url: str, monitor: str | None) -> dict[str, Any]:
 
         sampler = threading.Thread(target=sample)
         sampler.start()
-        sent = 0
-        started = time.monotonic()
-        while time.monotonic() - started < DURATION:
-            writer.topic(random.choice(names)).append(repr(time.time()).encode())
-            sent += 1
-            time.sleep(random.expovariate(RATE))
-        time.sleep(1.0)
-        for topic in names:
-            writer.topic(topic).append(b"end")
+        sent = append_timestamps(writer, names, DURATION, RATE)
         output, _ = child_process.communicate(timeout=300)
         stop.set()
         sampler.join()

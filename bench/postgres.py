@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from bench.common import append_timestamps, follow_timestamps
 from harness.services import POSTGRES_DSN
 
 DEFAULT_URL = POSTGRES_DSN
@@ -310,16 +311,8 @@ class Bench:
 
         sampler = threading.Thread(target=sample_connections)
         sampler.start()
-        sent = 0
         with self.connect() as writer:
-            started = time.monotonic()
-            while time.monotonic() - started < duration:
-                writer.topic(random.choice(names)).append(repr(time.time()).encode())
-                sent += 1
-                time.sleep(random.expovariate(rate))
-            time.sleep(1.0)
-            for name in names:
-                writer.topic(name).append(b"end")
+            sent = append_timestamps(writer, names, duration, rate)
         output, _ = child.communicate(timeout=120)
         stop_sampling.set()
         sampler.join()
@@ -378,32 +371,13 @@ class Bench:
 
 def fanout_child(argv: list[str]) -> None:
     """Runs in a gevent-patched child: many subscriptions, latencies reported as JSON on stdout."""
-    import gevent
-
-    from api.core.durable_stream import CLOSED, connect
+    from api.core.durable_stream import connect
 
     url, schema, app, count, pool_size, *names = argv
     backend = connect(url, schema=schema, application_name=app, pool_size=int(pool_size))
-    subscriptions = [backend.topic(names[i % len(names)]).subscribe_from_tail() for i in range(int(count))]
-    for subscription in subscriptions:
-        subscription.__enter__()
-    latencies: list[float] = []
-
-    def consume(subscription: Any) -> None:
-        while True:
-            record = subscription.receive(timeout=1.0)
-            if record is None:
-                continue
-            if record is CLOSED or record.payload == b"end":
-                return
-            latencies.append(time.time() - float(record.payload))
-
-    greenlets = [gevent.spawn(consume, s) for s in subscriptions]
-    # Past the start-up reads (each new subscription's first read, the wake after LISTEN, the
-    # first fallback poll): the latencies measured are those of a process in its steady state.
-    gevent.sleep(2.5)
-    print("ready", flush=True)
-    gevent.joinall(greenlets, timeout=300)
+    # Past the start-up reads (each new subscription's first read, the wake after LISTEN, the first
+    # fallback poll).
+    latencies = follow_timestamps(backend, names, int(count), settle=2.5)
     backend.close()
     print(
         json.dumps(

@@ -48,6 +48,17 @@ def end_server(process: subprocess.Popen[bytes], still_answers: Callable[[], boo
         time.sleep(0.01)
 
 
+def terminate(process: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    """SIGTERM a Celery process and wait for its warm shutdown; SIGKILL it after ``timeout``."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
 def process_env(overrides: Mapping[str, str]) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key != "EXPECT_GEVENT"}
     env.update(overrides)
@@ -113,12 +124,7 @@ class Worker:
         self.process.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        terminate(self.process)
         self._log.close()
 
 
@@ -165,11 +171,5 @@ class Beat:
         return self.log_path.read_text(errors="replace").count(f"Sending due task {entry} ")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        terminate(self.process)
         self._log.close()
