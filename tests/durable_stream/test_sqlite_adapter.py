@@ -159,7 +159,7 @@ def test_durable_by_default_in_wal_mode_with_the_documented_schema(
     backend: DurableStreamBackend, db: pathlib.Path
 ) -> None:
     assert hooks.sqlite_pragma(backend, "synchronous") == 2  # FULL
-    assert hooks.sqlite_driver(backend).reread_interval == pytest.approx(1.0)
+    assert hooks.sqlite_driver(backend).reread_interval == pytest.approx(15.0)
     check = sqlite3.connect(db)
     try:
         assert check.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -22,7 +22,8 @@ Capability card
 - Wake-ups: appends in this process wake subscriptions directly. Other processes' commits are noticed
   by one poller thread per backend object (the change feed) that checks ``PRAGMA data_version`` every
   ``poll_interval`` (50 ms by default) while at least one topic is watched (it sleeps on an event
-  otherwise); a subscription re-reads on its own at least once a second in case a wake-up is missed.
+  otherwise) and compares every watched topic's state when it moves, so no change is missed; a
+  subscription also re-reads on its own every 15 s, as a last resort.
 - Concurrency: one writer connection behind a lock plus a small pool of reader connections, so reads
   are not held up by a writer's fsync. The lock and the pool serve their waiters in arrival order
   (FIFO), so a ``seal()`` waiting behind appenders in a tight loop gets its turn, in threads and

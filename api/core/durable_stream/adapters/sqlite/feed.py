@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from ..._cooperative import Wake, run_blocking
-from .settings import REREAD_INTERVAL, SqliteSettings
+from .settings import FEED_MAX_BACKOFF, SqliteSettings
 
 __all__ = ["WATCH_CHUNK", "SqliteChangeFeed"]
 
@@ -103,7 +103,7 @@ class SqliteChangeFeed:
                     with self._lock:
                         topics = list(self._watched)
                     self._deliver(topics)
-                delay = self._period if failures == 0 else min(self._period * 2**failures, REREAD_INTERVAL)
+                delay = self._period if failures == 0 else min(self._period * 2**failures, FEED_MAX_BACKOFF)
                 if self._stopping.wait(delay):
                     return
         finally:

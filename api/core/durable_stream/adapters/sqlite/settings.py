@@ -9,11 +9,15 @@ from typing import Final
 
 from ..._options import Options
 
-__all__ = ["REREAD_INTERVAL", "SYNCHRONOUS_MODES", "SqliteSettings", "parse_path"]
+__all__ = ["FEED_MAX_BACKOFF", "REREAD_INTERVAL", "SYNCHRONOUS_MODES", "SqliteSettings", "parse_path"]
 
-#: How long a subscription waits before re-reading when no wake-up came (the change feed is the fast
-#: path); also the longest back-off of a failing change feed.
-REREAD_INTERVAL: Final = 1.0
+#: How long a subscription waits before re-reading when no wake-up came: a last resort, as in the other
+#: adapters. The change feed does not lose changes (it compares every watched topic's state whenever
+#: ``PRAGMA data_version`` moves, and wakes every topic while it is failing), so this is not what
+#: delivers; at 1 s, each of thousands of idle streams read its topic every second.
+REREAD_INTERVAL: Final = 15.0
+#: The longest back-off of a failing change feed (every subscription re-reads at each try).
+FEED_MAX_BACKOFF: Final = 1.0
 SYNCHRONOUS_MODES: Final = ("full", "normal")
 
 
