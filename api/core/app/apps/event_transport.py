@@ -43,6 +43,13 @@ class StreamMessage:
     cursor: TopicCursor | None
     stored: bytes | None = None
 
+    @classmethod
+    def of(cls, stored: bytes, cursor: TopicCursor | None) -> StreamMessage:
+        """The message of a stored record: its envelope (if any) cut off with one slice."""
+        if stored[:1] == STAMP_MARK:
+            return cls(stored[STAMP_SIZE:], cursor, stored)
+        return cls(stored, cursor)
+
 
 class EventSubscription(Protocol):
     resumable: bool
@@ -105,10 +112,7 @@ class _DurableSubscription:
         record = self._subscription.receive(timeout)
         if record is None or record is CLOSED:
             return record
-        payload = record.payload
-        if payload[:1] == STAMP_MARK:  # one slice: the envelope is of fixed size
-            return StreamMessage(payload[STAMP_SIZE:], record.cursor, payload)
-        return StreamMessage(payload, record.cursor)
+        return StreamMessage.of(record.payload, record.cursor)
 
     def close(self) -> None:
         self._subscription.close()
@@ -192,11 +196,7 @@ class _BroadcastSubscription:
             return CLOSED
         except BroadcastChannelUnavailableError as exc:
             raise DurableStreamUnavailableError(f"broadcast channel unavailable: {exc}") from exc
-        if payload is None:
-            return None
-        if payload[:1] == STAMP_MARK:
-            return StreamMessage(payload[STAMP_SIZE:], None, payload)
-        return StreamMessage(payload, None)
+        return None if payload is None else StreamMessage.of(payload, None)
 
     def close(self) -> None:
         self._subscription.close()
