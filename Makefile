@@ -64,7 +64,7 @@ test-gevent-local: install
 test-gevent-clustered: install
 	$(GEVENT_PYTEST) tests/durable_stream/test_contract_redis_cluster.py tests/durable_stream/test_contract_nats.py \
 		tests/durable_stream/test_redis_adapter.py tests/durable_stream/test_nats_adapter.py \
-		tests/durable_stream/test_nats_faults.py
+		tests/durable_stream/test_nats_faults.py tests/durable_stream/test_nats_direct_publish.py
 
 bench: install
 	$(BIN)/python -m bench.redis

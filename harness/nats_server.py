@@ -16,6 +16,7 @@ import contextlib
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -62,6 +63,7 @@ class NatsServer:
         routes: tuple[int, ...] = (),
         binary: str | None = None,
         monitor_port: int | None = None,
+        extra_config: tuple[str, ...] = (),
     ) -> None:
         self.port = port or free_port()
         #: The HTTP monitoring port (``/connz``, ``/jsz``), if any.
@@ -73,6 +75,8 @@ class NatsServer:
         self.cluster_port = cluster_port
         self.routes = routes
         self.binary = binary or nats_server_binary()
+        #: Lines added to the configuration file as they are (``authorization { ... }``).
+        self.extra_config = extra_config
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -103,6 +107,7 @@ class NatsServer:
                 f"  routes: [{routes}]",
                 "}",
             ]
+        lines += self.extra_config
         path = self.directory / "nats.conf"
         path.write_text("\n".join(lines) + "\n")
         return path
@@ -139,6 +144,15 @@ class NatsServer:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self._wait_gone(10)
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open and nothing answers."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -24,6 +24,7 @@ from .feed import NatsChangeFeed
 from .jetstream import JetStream
 from .loop import LoopThread
 from .prefetch import LivePrefetch
+from .publisher import DirectPublisher
 from .settings import NatsSettings
 from .topics import TopicStore
 
@@ -51,8 +52,10 @@ class _Connection:
         self.js = JetStream(settings, on_connection_change)
         self.prefetch = LivePrefetch(max_records=settings.max_records, max_age_seconds=settings.max_age_seconds)
         self.topics = TopicStore(self.js, settings.subject_prefix, self.prefetch)
+        self.publisher = DirectPublisher(settings, self.js.server)
 
     def close(self) -> None:
+        self.publisher.close()
         with contextlib.suppress(Exception):
             self.loop.run(self.js.close, 5.0)
         self.loop.stop()
@@ -121,7 +124,12 @@ class NatsDriver:
     # -- Driver -------------------------------------------------------------------------------
 
     def append(self, topic: str, payload: bytes) -> None:
-        self._run("append", lambda store: store.append(topic, payload))
+        conn = self._connection()
+        # Uncontended, the publish goes out from this thread: no hand-over to the loop and back.
+        if _translate("append", lambda: conn.topics.append_direct(topic, payload, conn.publisher)):
+            return
+        with conn.topics.through_loop(topic):
+            self._run("append", lambda store: store.append(topic, payload))
 
     def seal(self, topic: str) -> None:
         self._run("seal", lambda store: store.seal(topic))

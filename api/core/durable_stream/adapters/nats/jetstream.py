@@ -21,6 +21,7 @@ import base64
 import contextlib
 import json
 import ssl
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -32,13 +33,15 @@ from ..._contract import DurableStreamUnavailableError
 from .messages import KIND_PURGED, LIVE_PREFIX, StreamMessage, parse_message
 from .settings import NatsSettings
 
-__all__ = ["MIN_SERVER_VERSION", "JetStream", "WrongSequenceError"]
+__all__ = ["MIN_SERVER_VERSION", "JetStream", "WrongSequenceError", "acknowledged_sequence"]
 
 #: The oldest server the adapter accepts (see the capability card: batched direct gets, and the
 #: concurrent compare-and-set test).
 MIN_SERVER_VERSION = (2, 11, 0)
 
-_WRONG_LAST_SEQUENCE = 10071
+#: A compare-and-set that lost: checked against the stored last sequence (10071), or in a cluster
+#: against a publish the leader has proposed but not applied yet (10164).
+_WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 #: The status a batch read in flight is ended with when the connection drops.
 _DISCONNECTED = "disconnected"
 _STREAM_NOT_FOUND = 10059
@@ -46,6 +49,25 @@ _STREAM_NOT_FOUND = 10059
 
 class WrongSequenceError(Exception):
     """A compare-and-set publish lost: the subject's last sequence was not the expected one."""
+
+
+def acknowledged_sequence(reply: dict[str, Any]) -> int | None:
+    """The stream sequence a publish acknowledgement gives, or ``None`` if the stream does not exist.
+
+    Raises:
+        WrongSequenceError: The compare-and-set lost; nothing was stored.
+        DurableStreamUnavailableError: JetStream refused the publish for another reason.
+    """
+    error = reply.get("error")
+    if error is None:
+        return int(reply["seq"])
+    if error.get("err_code") in _WRONG_LAST_SEQUENCE:
+        raise WrongSequenceError(error.get("description", "wrong last sequence"))
+    if error.get("err_code") == _STREAM_NOT_FOUND:
+        return None
+    raise DurableStreamUnavailableError(
+        f"JetStream refused the publish: {error.get('description')} (error {error.get('err_code')})"
+    )
 
 
 class _Client(Client):
@@ -186,6 +208,18 @@ class JetStream:
         pass  # reported by the operations that fail; nothing to do here
 
     @property
+    def stream(self) -> str:
+        return self._stream
+
+    def server(self) -> urllib.parse.ParseResult | None:
+        """The URL of the server the connection is on (any thread), or ``None`` while it is down."""
+        nc = self.nc
+        if nc is None or not nc.is_connected:
+            return None
+        url: urllib.parse.ParseResult | None = nc.connected_url
+        return url
+
+    @property
     def replicated(self) -> bool:
         """Whether the stream has replicas (direct gets may then come from a follower behind the leader)."""
         return self._replicated
@@ -302,17 +336,12 @@ class JetStream:
                     raise
                 await self.ensure_stream()  # deleted behind our back: re-create it (a new history)
                 continue
-            reply = json.loads(msg.data)
-            error = reply.get("error")
-            if error is None:
-                return int(reply["seq"])
-            if error.get("err_code") == _WRONG_LAST_SEQUENCE:
-                raise WrongSequenceError(error.get("description", "wrong last sequence"))
-            if error.get("err_code") == _STREAM_NOT_FOUND and not attempt:
+            seq = acknowledged_sequence(json.loads(msg.data))
+            if seq is not None:
+                return seq
+            if not attempt:
                 await self.ensure_stream()
-                continue
-            raise DurableStreamUnavailableError(f"JetStream refused the publish: {error.get('description')}")
-        raise DurableStreamUnavailableError("JetStream refused the publish")
+        raise DurableStreamUnavailableError("JetStream refused the publish: the stream does not exist")
 
     async def last(self, subject: str) -> StreamMessage | None:
         """The last message of ``subject``, or ``None``."""

@@ -40,6 +40,9 @@ class NatsSettings:
     connect_timeout: float = 2.0
     #: Seconds between the change feed's checks of the watched topics' heads.
     poll_interval: float = 1.0
+    #: Uncontended appends go out from the caller's thread on a second, publishing connection
+    #: (:mod:`.publisher`); ``False`` keeps one connection per backend object.
+    direct_publish: bool = True
     #: Connection name shown in the server's monitoring.
     name: str = "durable_stream"
     user: str | None = None
@@ -95,6 +98,7 @@ class NatsSettings:
             request_timeout=options.pop_float("request_timeout", 5.0, minimum=0.01),
             connect_timeout=options.pop_float("connect_timeout", 2.0, minimum=0.01),
             poll_interval=options.pop_float("poll_interval", 1.0, minimum=0.01),
+            direct_publish=options.pop_bool("direct_publish", True),
             name=options.pop_str("name", "durable_stream"),
             user=options.pop_str("user"),
             password=options.pop_str("password"),

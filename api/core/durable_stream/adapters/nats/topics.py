@@ -1,5 +1,8 @@
 """Topics on one JetStream stream: dense ordinals, epochs, seal and trims (loop-side, asyncio).
 
+Only :meth:`TopicStore.append_direct` runs in the caller's thread (see :mod:`.publisher`); the
+remembered tails it shares with the loop are behind a lock.
+
 Every change of a topic's subject is a compare-and-set publish: the adapter reads the subject's last
 message (its sequence, the ordinal and epoch in its headers) and publishes the next message with
 ``Nats-Expected-Last-Subject-Sequence`` set to that sequence, so two writers (threads, processes,
@@ -13,16 +16,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import secrets
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..._contract import DurableStreamUnavailableError, TopicSealedError
 from ..._driver import Batch, Position, StoredRecord, TopicHead
 from .cache import ReadCache
-from .jetstream import JetStream, WrongSequenceError
+from .jetstream import JetStream, WrongSequenceError, acknowledged_sequence
+from .loop import raw_lock
 from .messages import KIND_CREATED, KIND_RECORD, KIND_SEALED, KIND_TRIMMED, StreamMessage
 from .prefetch import LivePrefetch
+from .publisher import DirectPublisher
 
 __all__ = ["TopicStore", "subject_token"]
 
@@ -86,6 +92,9 @@ class TopicStore:
         #: change feed's wake-up: readers of the topic need not wait for the republished copy).
         self.on_change: Callable[[str], None] | None = None
         self._tails: collections.OrderedDict[str, StreamMessage] = collections.OrderedDict()
+        self._tails_lock = raw_lock()
+        #: Appends handed to the loop and not finished, by subject: a direct append would race them.
+        self._through_loop: collections.Counter[str] = collections.Counter()
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._cache = ReadCache()
 
@@ -94,7 +103,8 @@ class TopicStore:
 
     def forget(self) -> None:
         """Drop every remembered tail and read (after a reconnect: the server may have lost them)."""
-        self._tails.clear()
+        with self._tails_lock:
+            self._tails.clear()
         self._cache.clear()
         self._prefetch.clear()
 
@@ -105,13 +115,24 @@ class TopicStore:
         return lock
 
     def _remember(self, subject: str, message: StreamMessage) -> None:
-        self._tails[subject] = message
-        self._tails.move_to_end(subject)
-        while len(self._tails) > _TAIL_CACHE:
-            self._tails.popitem(last=False)
+        with self._tails_lock:
+            known = self._tails.get(subject)
+            # Appends from the callers' threads (append_direct) and from the loop may finish in
+            # either order; the compare-and-set made the higher sequence the later message.
+            if known is not None and known.seq > message.seq:
+                return
+            self._tails[subject] = message
+            self._tails.move_to_end(subject)
+            while len(self._tails) > _TAIL_CACHE:
+                self._tails.popitem(last=False)
+
+    def _forget_tail(self, subject: str) -> None:
+        with self._tails_lock:
+            self._tails.pop(subject, None)
 
     async def _tail(self, subject: str) -> StreamMessage | None:
-        cached = self._tails.get(subject)
+        with self._tails_lock:
+            cached = self._tails.get(subject)
         if cached is not None:
             return cached
         last = await self._js.last(subject)
@@ -130,7 +151,7 @@ class TopicStore:
         try:
             seq = await self._js.publish(subject, payload, _headers(ordinal, epoch, kind), expected)
         except WrongSequenceError:
-            self._tails.pop(subject, None)
+            self._forget_tail(subject)
             raise
         message = StreamMessage(seq, ordinal, epoch, kind, payload)
         self._remember(subject, message)
@@ -142,6 +163,62 @@ class TopicStore:
         callback = self.on_change
         if callback is not None:
             callback(topic)
+
+    @contextlib.contextmanager
+    def through_loop(self, topic: str) -> Iterator[None]:
+        """Around an append handed to the loop (in the caller's thread): direct appends keep off the topic."""
+        subject = self.subject(topic)
+        with self._tails_lock:
+            self._through_loop[subject] += 1
+        try:
+            yield
+        finally:
+            with self._tails_lock:
+                self._through_loop[subject] -= 1
+                if not self._through_loop[subject]:
+                    del self._through_loop[subject]
+
+    def append_direct(self, topic: str, payload: bytes, publisher: DirectPublisher) -> bool:
+        """Append from the caller's thread or greenlet on ``publisher``; ``False``: use :meth:`append`.
+
+        Only the uncontended case is taken here: a topic whose last message this backend object
+        knows (not a seal), and a publisher that is free. Anything else (no known tail, a lost
+        compare-and-set, a deleted stream, a publish that could not be sent) is left to the loop,
+        which re-reads, retries and creates; nothing has been stored then.
+
+        Raises:
+            DurableStreamUnavailableError: JetStream refused the publish.
+            OSError: The request was sent and no acknowledgement came (the record may be stored).
+            ValueError: The acknowledgement was not JSON.
+        """
+        subject = self.subject(topic)
+        with self._tails_lock:
+            tail = self._tails.get(subject)
+            if self._through_loop[subject]:
+                # Other threads of this process append to the topic through the loop, one after the
+                # other on its cached tail: join them rather than lose compare-and-sets to them.
+                return False
+        if tail is None or tail.kind == KIND_SEALED:
+            return False
+        ordinal = tail.ordinal + 1
+        headers = _headers(ordinal, tail.epoch)
+        headers["Nats-Expected-Last-Subject-Sequence"] = str(tail.seq)
+        headers["Nats-Expected-Stream"] = self._js.stream
+        reply = publisher.publish(subject, headers, payload)
+        if isinstance(reply, str):  # UNSENT, or NO_RESPONDERS: the stream is gone
+            return False
+        try:
+            seq = acknowledged_sequence(reply)
+        except WrongSequenceError:
+            self._forget_tail(subject)
+            return False
+        if seq is None:
+            return False
+        message = StreamMessage(seq, ordinal, tail.epoch, KIND_RECORD, payload)
+        self._remember(subject, message)
+        self._prefetch.put(subject, tail.seq, message)
+        self._changed(topic)
+        return True
 
     # -- driver operations --------------------------------------------------------------------
 
@@ -324,7 +401,7 @@ class TopicStore:
     async def delete(self, topic: str) -> bool:
         subject = self.subject(topic)
         async with self._lock(subject):
-            self._tails.pop(subject, None)
+            self._forget_tail(subject)
             self._cache.drop(subject)
             removed = await self._js.purge(subject) > 0
         await self._purged(subject)
