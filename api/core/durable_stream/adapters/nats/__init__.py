@@ -48,6 +48,8 @@ Capability card
   it has not seen republished (a purge by hand, limits, a lost message).
 - Failure modes: every nats-py and asyncio error becomes ``DurableStreamUnavailableError`` in one
   place (``driver._translate``); see "Faults".
+- Connections: one per backend object (the loop's: reads, the change feed, admin), plus one
+  publishing connection once it appends (see "Threads"; ``direct_publish=False`` to do without).
 - Limits: one topic is one subject of one stream: its appends are serialised by the stream leader,
   and a topic's appends from one backend object go one at a time (one round trip each).
 
@@ -74,6 +76,8 @@ Options (keyword arguments of ``connect()`` or URL query parameters):
 - ``poll_interval`` (default 1 s): the change feed's head check; a subscription's own re-read
   without any wake-up happens only every ``max(15 s, 10 x poll_interval)``
 - ``name`` (default ``durable_stream``): the connection name in the server's monitoring
+- ``direct_publish`` (default true): uncontended appends go out from the caller's thread on a
+  second connection (see "Threads, gevent and fork"); false sends every append through the loop
 - credentials: ``user`` / ``password`` (or in the URL), ``token``, ``creds`` (a ``.creds`` file),
   ``nkeys_seed`` (a seed file)
 - TLS: ``tls_ca``, ``tls_cert``, ``tls_key``, ``tls_hostname`` (any of them, or ``tls://``, turns
@@ -117,6 +121,21 @@ thread-safe callback, so only the calling greenlet waits. The change feed wakes 
 same way. Within a backend object, appends to one topic are serialised by an asyncio lock and
 remember the last acknowledged sequence: an uncontended append is one round trip.
 
+An append is one request and one reply, and the two hand-overs cost as much as a third of that round
+trip, so an uncontended one skips the loop: ``publisher`` speaks the request/reply subset of the
+NATS protocol (``INFO``, ``CONNECT``, one ``SUB`` of an inbox, ``HPUB``, the reply, ``PING``/``PONG``)
+on a second connection of its own, opened on the first append to the server the loop is connected
+to, with the same credentials, and used from the caller's thread (a blocking socket) or greenlet
+(gevent's socket). It sends the same compare-and-set publish with the remembered tail and waits for
+the acknowledgement. Only the uncontended case goes there: when the publishing connection is busy
+with another thread's append, the topic's tail is not known yet or was a seal, other threads of the
+process have appends to the topic queued on the loop, the compare-and-set lost, the stream is gone,
+the payload is above the server's limit, or the connection is found closed before anything was
+sent, the append takes the loop's path (nothing was stored). Once sent, a broken connection or no
+reply within ``request_timeout`` is ``DurableStreamUnavailableError`` (the record may have been
+stored) and the connection is dropped; the next append opens another. TLS, ``creds`` and
+``nkeys_seed`` deployments send every append through the loop.
+
 After ``fork()`` (a Celery prefork child) the child does not use anything of the parent's: its first
 call starts a new loop thread and connection (the parent's are abandoned in the child, not closed),
 and the change feed, inherited with the notifier's registrations, moves to them on its first watch or
@@ -127,14 +146,14 @@ Benchmarks
 ----------
 
 ``python -m bench.nats`` (a private 2.15.1 server, 200-byte payloads, adapter and raw nats-py in
-alternating rounds of one process; the 2-CPU machine was shared and loaded, so the ratios matter;
-``docs/benchmarks.md`` has the tables). Over five runs: ``append()`` 0.47-0.67x a raw loop of
-``js.publish()`` with the same compare-and-set headers (two thread hand-overs per call, next to the
-same round trip); append → ``receive()`` p50 1.5-1.75x and p99 0.7-1.65x a raw ordered consumer (a
-live record is taken from the prefetch: one hand-over to the loop thread and one back to the reader,
-no read); catch-up of 100,000 records 1.25-1.7x a raw pull consumer fetching 500 at a time; 2,000
-subscriptions on 200 topics in one gevent process: every record delivered, p99 5-20 ms, one
-connection, no JetStream consumer.
+alternating rounds of one process; the 2-CPU machine is shared, so the ratios matter;
+``docs/benchmarks.md`` has the tables). Three runs with the publishing connection: ``append()``
+1.27-1.44x a raw loop of ``js.publish()`` with the same compare-and-set headers (the same round trip
+without nats-py's asyncio machinery; through the loop it was 0.47-0.67x); append → ``receive()`` p50
+0.92-1.10x and p99 1.07-1.16x a raw ordered consumer (a live record is taken from the prefetch: one
+hand-over from the loop thread to the reader, no read); catch-up of 100,000 records 1.37-1.56x a raw
+pull consumer fetching 500 at a time; 2,000 subscriptions on 200 topics in one gevent process: every
+record delivered, p99 3.4-4.1 ms, one connection, no JetStream consumer.
 
 Faults (each has a test in ``tests/durable_stream/test_nats_faults.py``)
 ------------------------------------------------------------------------
@@ -145,6 +164,12 @@ Faults (each has a test in ``tests/durable_stream/test_nats_faults.py``)
 - **Server killed during ``append()``**: ``DurableStreamUnavailableError``. Requests in flight are
   cancelled when the connection drops; the record may or may not have been stored (the contract's
   ambiguity) and is never retried behind the caller's back.
+- **Server stalled** (``SIGSTOP``) during an append on the publishing connection:
+  ``DurableStreamUnavailableError`` after ``request_timeout``; once it answers again, appends work
+  and the record in doubt is stored once or not at all (``test_nats_direct_publish.py``, which also
+  restarts the server between two appends: the closed publishing connection is noticed before
+  anything is sent, so that append succeeds, and feeds the publisher broken peers: no greeting,
+  ``-ERR``, garbage, silence, a reply that is not JSON; each ends in an error or the loop's path).
 - **Server down**: every call raises ``DurableStreamUnavailableError`` while nats-py reconnects in the
   background (every 0.25 s, for ever); the same backend object works again afterwards.
 - **Restart with file storage**: nothing acknowledged is lost; a cursor taken before resumes after.
@@ -166,5 +191,6 @@ Modules
 - ``topics``: ordinals, epochs, markers, seal, trims (on the loop); ``cache``: the read cache;
   ``prefetch``: the republished messages for readers at the live tail.
 - ``jetstream``: the connection and the JetStream requests; ``messages``: the headers of messages;
-  ``loop``: the loop thread and the hand-over; ``feed``: the change feed; ``settings``: URL and options.
+  ``loop``: the loop thread and the hand-over; ``publisher``: the publishing connection; ``feed``: the
+  change feed; ``settings``: URL and options.
 """
