@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Generator
-from typing import Any
+from typing import Any, NamedTuple
 
 from flask import current_app
 
@@ -95,11 +95,11 @@ def run_streaming(app: App, run: WorkflowRun) -> EventStream:
         subscription.close()
         raise
     created = {"event": "run_created", "task_id": run.task_id, "workflow_run_id": run.id}
-    return _preceded(Notice("run_created", encode_event(created)), app, run, subscription)
+    return _preceded(Notice("run_created", encode_event(created)), _RunIds.of(app, run), subscription)
 
 
-def _preceded(first: Notice, app: App, run: WorkflowRun, subscription: EventSubscription) -> EventStream:
-    events = _events(app, run, subscription, continue_on_pause=False)
+def _preceded(first: Notice, ids: _RunIds, subscription: EventSubscription) -> EventStream:
+    events = _events(ids, subscription, continue_on_pause=False)
     try:
         yield first
         yield from events
@@ -171,8 +171,7 @@ def _open(
         raise
     from_start = transport.resumable and cursor is None and first is None
     return _events(
-        app,
-        run,
+        _RunIds.of(app, run),
         subscription,
         continue_on_pause=continue_on_pause,
         first=first,
@@ -193,9 +192,24 @@ def _gone(run: WorkflowRun, code: str, message: str) -> GoneError:
     return GoneError(message, code=code, details={"run": runs.run_detail(run)})
 
 
+class _RunIds(NamedTuple):
+    """What a stream needs of its run for its whole life: ids, not rows.
+
+    A stream can stay open for hours; holding the run's and the app's ORM objects (and their rows)
+    would cost each of thousands of open streams a few kilobytes for nothing.
+    """
+
+    app_id: str
+    task_id: str
+    run_id: str
+
+    @classmethod
+    def of(cls, app: App, run: WorkflowRun) -> _RunIds:
+        return cls(app.id, run.task_id, run.id)
+
+
 def _events(
-    app: App,
-    run: WorkflowRun,
+    ids: _RunIds,
     subscription: EventSubscription,
     *,
     continue_on_pause: bool,
@@ -203,21 +217,23 @@ def _events(
     first_event: str | None = None,
 ) -> EventStream:
     config = _config()
-    run_id = run.id
+    run_id = ids.run_id
     watcher = run_watcher()
     # The run's row is checked by the process's watcher, with every other watched run: the stream
     # itself only waits for its events and its pings.
     watch = watcher.watch(run_id, subscription, live_only=not subscription.resumable)
     transport = ("durable_stream",) if subscription.resumable else ("broadcast_channel",)
     metrics.STREAMS_OPEN.tally.add(transport)
-    fields = log_context.fields_of(app_id=app.id, task_id=run.task_id, workflow_run_id=run_id, transport=transport[0])
+    fields = log_context.fields_of(
+        app_id=ids.app_id, task_id=ids.task_id, workflow_run_id=run_id, transport=transport[0]
+    )
     binding = log_context.bound(fields)
     binding.__enter__()  # for the stream's life, in the greenlet that serves it
     try:
         if first is CLOSED:
             yield PING
             return
-        yield from stream_topic_events(
+        events = stream_topic_events(
             subscription,
             ping_interval=config.SSE_PING_INTERVAL,
             idle_timeout=config.SSE_IDLE_TIMEOUT,
@@ -227,6 +243,8 @@ def _events(
             first_event=first_event,
             coalesce=COALESCE,
         )
+        first = None  # delivered by `events`; this frame must not keep it for the stream's life
+        yield from events
     except CursorUnavailableError:
         yield _error_notice(run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410)
     except IncompleteRunError:

@@ -58,6 +58,7 @@ def sse_messages(
                 yield PING
             else:  # a Notice
                 yield sse_message(item.payload, event=item.event)
+            del item  # not kept while the next one is awaited
     finally:
         items.close()
 

@@ -19,6 +19,7 @@ from api.libs import log_context, metrics
 from api.libs.errors import GoneError, InvalidParamError, NotFoundError, ServiceUnavailableError
 from api.libs.resume_token import InvalidResumeTokenError
 from api.models import App, WorkflowRun
+from api.models.engine import db
 from api.services import workflow_event_service as event_streams
 from api.services import workflow_run_service as runs
 from api.services.run_recovery import run_log_fields
@@ -115,12 +116,20 @@ def open_resume_token(app_model: App, run: WorkflowRun, token: str) -> TopicCurs
 def event_stream_response(
     app_model: App, run: WorkflowRun, events: EventStream, headers: dict[str, str] | None = None
 ) -> Response:
-    """An SSE response of ``events``, each event's cursor sealed into a token bound to the run and user."""
+    """An SSE response of ``events``, each event's cursor sealed into a token bound to the run and user.
+
+    The request's database work ends here: the stream may stay open for hours, and must hold
+    neither a pooled connection nor the rows the request loaded.
+    """
     # Bound once per response: the associated data and the AEAD object are reused for every event.
     topic = runs.topic_name(app_model, run)
     sealer = resume_token_codec().sealer(topic=topic, app_id=app_model.id, end_user=run.end_user)
+    db.session.close()
+    # Passed through as it is: the chunks are bytes already, and werkzeug's encoding and closing
+    # wrappers would add two layers to every chunk's way out (and to every parked stream's stack).
     return Response(
         stream_with_context(sse_messages(events, resume_token=sealer.seal_bytes)),
         mimetype="text/event-stream",
         headers={**SSE_HEADERS, **(headers or {})},
+        direct_passthrough=True,
     )

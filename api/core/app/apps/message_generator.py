@@ -139,8 +139,10 @@ def stream_topic_events(
     clock = time.monotonic
     last_event = last_sent = clock()
     pending: StreamMessage | None = first
+    first = None
     batch: list[StreamEvent] = []
     item: StreamMessage | Closed | None
+    event: StreamEvent | None = None
     while True:
         if pending is not None:
             item, pending = pending, None
@@ -156,6 +158,8 @@ def stream_topic_events(
                 batch = []
                 continue
         else:
+            # While it waits (minutes, for a paused run), the frame holds no delivered record.
+            item = event = None
             due = min(last_sent + ping_interval, last_event + idle_timeout)
             item = subscription.receive(timeout=max(due - clock(), 0.0))
         if item is CLOSED:
