@@ -145,10 +145,17 @@ class NatsServer:
             self.process.kill()
             self._wait_gone(10)
 
-    def pause(self) -> None:
-        """SIGSTOP: connections stay open and nothing answers."""
+    def pause(self, timeout: float = 5.0) -> None:
+        """SIGSTOP, returning once the process is stopped: connections stay open and nothing answers."""
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP)
+        stat = pathlib.Path(f"/proc/{self.process.pid}/stat")
+        deadline = time.monotonic() + timeout
+        # The state is the field after the parenthesised command name.
+        while stat.read_text().rpartition(")")[2].split()[0] not in ("T", "t"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nats-server {self.process.pid} did not stop")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         assert self.process is not None
