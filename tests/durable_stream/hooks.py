@@ -94,6 +94,11 @@ def sqlite_settings(backend: DurableStreamBackend) -> Any:
     return sqlite_driver(backend)._settings
 
 
+def silence_sqlite_feed(feed: SqliteChangeFeed) -> None:
+    """Let the poller see changes but wake nobody: every wake-up it would give is lost."""
+    feed._notify = lambda topic: None
+
+
 def sqlite_feed_polling(feed: SqliteChangeFeed) -> bool:
     """Whether the SQLite poller is active (something is watched) rather than parked."""
     return feed._active.is_set()

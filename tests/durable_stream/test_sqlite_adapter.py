@@ -552,3 +552,67 @@ def test_under_gevent_sqlite_calls_never_block_the_hub(db: pathlib.Path) -> None
     assert stats["slowest_append"] >= 0.2, f"the lock holder never made an append wait: {stats}"
     assert stats["ticks"] > 50
     assert stats["lateness"] < 0.1, f"a 10 ms ticker was delayed by {stats['lateness']:.3f}s: {stats}"
+
+
+def test_idle_subscriptions_share_the_last_resort_reread_and_still_catch_a_lost_wakeup(db: pathlib.Path) -> None:
+    """Without any wake-up, idle subscriptions re-read now and then; one read per topic serves them all.
+
+    The watcher's change feed is silenced, so another backend object's append reaches its
+    subscriptions only through the re-read a subscription does after ``reread_interval`` without
+    news. Those reads are shared: a subscription at the position another one's recent read found
+    to be the end skips its own.
+    """
+    subscriptions_count, interval = 12, 0.5
+    with connect(_url(db)) as watcher, connect(_url(db)) as writer:
+        topic = watcher.topic("t")
+        topic.append(b"r0")
+        subscriptions = [topic.subscribe_from_tail() for _ in range(subscriptions_count)]
+        for subscription in subscriptions:
+            subscription.__enter__()
+        try:
+            feed = hooks.sqlite_feed(watcher)
+            assert feed is not None
+            hooks.silence_sqlite_feed(feed)
+            driver = hooks.sqlite_driver(watcher)
+            driver.reread_interval = interval
+            reads = [0]
+            original = driver.read
+
+            def counted(*args: object, **kwargs: object) -> object:
+                reads[0] += 1
+                return original(*args, **kwargs)  # type: ignore[arg-type]
+
+            driver.read = counted  # type: ignore[method-assign]
+            received: dict[int, list[bytes]] = {index: [] for index in range(subscriptions_count)}
+            stop = threading.Event()
+
+            def follow(index: int) -> None:
+                while not stop.is_set():
+                    record = subscriptions[index].receive(timeout=0.1)
+                    if record is not None and record is not CLOSED:
+                        received[index].append(record.payload)
+
+            threads = [threading.Thread(target=follow, args=(index,)) for index in range(subscriptions_count)]
+            for thread in threads:
+                thread.start()
+            try:
+                idle = 10 * interval
+                time.sleep(idle)  # the idle period itself is what is measured
+                idle_reads = reads[0]
+                # Alone, each subscription would re-read every interval: 12 x 10 = 120 reads.
+                assert idle_reads <= 3 * idle / interval, f"{idle_reads} re-reads while idle"
+                assert idle_reads >= 3, "nobody re-read: a lost wake-up would never be recovered"
+
+                writer.topic("t").append(b"r1")  # its wake-up is lost: only a re-read finds it
+                wait_until(
+                    lambda: all(payloads == [b"r1"] for payloads in received.values()),
+                    timeout=6 * interval + 2,
+                    what="every subscription to find the record no wake-up announced",
+                )
+            finally:
+                stop.set()
+                for thread in threads:
+                    thread.join(timeout=10)
+        finally:
+            for subscription in subscriptions:
+                subscription.close()

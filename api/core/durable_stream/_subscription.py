@@ -172,7 +172,17 @@ class Subscription(DurableStreamSubscription):
                 self.close()
                 return CLOSED
             now = time.monotonic()
-            if now - self._last_read >= reread_interval or notifier.version(self._topic) != self._seen_version:
+            announced = notifier.version(self._topic) != self._seen_version
+            if not announced and now - self._last_read >= reread_interval:
+                # The last-resort re-read: one per topic and interval stands for every subscription
+                # at the position that read found to be the end.
+                self._last_read = notifier.last_resort(
+                    self._topic, self._epoch, self._ordinal, self._last_read, now, reread_interval
+                )
+            if announced or now - self._last_read >= reread_interval:
+                # Records found by a read no wake-up asked for were missed by the topic's other
+                # subscriptions too (a wake-up was lost): they are told.
+                missed = not announced and self._seen_version is not None
                 self._wake.clear()
                 try:
                     self._fill()
@@ -185,6 +195,8 @@ class Subscription(DurableStreamSubscription):
                         return CLOSED
                     raise
                 if self._batch or self._sealed_at is not None:
+                    if missed:
+                        notifier.notify(self._topic)
                     continue
                 now = time.monotonic()
             remaining = deadline - now
@@ -224,6 +236,7 @@ class Subscription(DurableStreamSubscription):
         """
         engine = self._engine
         version = engine.notifier.version(self._topic)
+        started = time.monotonic()
         try:
             after = Position(self._ordinal, self._native)
             batch = engine.driver.read(self._topic, after, engine.buffer_size)
@@ -244,6 +257,8 @@ class Subscription(DurableStreamSubscription):
             raise
         # Only a read that reached the head may be trusted until the next notification.
         self._seen_version = version if caught_up else None
+        if caught_up and batch.head is not None:
+            engine.notifier.confirm(self._topic, self._epoch, batch.head.last, started)
         return batch.head.last if batch.head is not None else self._ordinal
 
     def _accept(self, batch: Batch) -> bool:
