@@ -8,9 +8,10 @@ cursors only).
 from __future__ import annotations
 
 import logging
+from collections.abc import Generator
 from typing import Any
 
-from flask import Response, request, stream_with_context
+from flask import Flask, Response, current_app, request
 
 from api.controllers.common.sse import SSE_HEADERS, sse_messages
 from api.core.durable_stream import TopicCursor
@@ -125,11 +126,27 @@ def event_stream_response(
     topic = runs.topic_name(app_model, run)
     sealer = resume_token_codec().sealer(topic=topic, app_id=app_model.id, end_user=run.end_user)
     db.session.close()
+    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]  # the app, not its proxy
     # Passed through as it is: the chunks are bytes already, and werkzeug's encoding and closing
     # wrappers would add two layers to every chunk's way out (and to every parked stream's stack).
     return Response(
-        stream_with_context(sse_messages(events, resume_token=sealer.seal_bytes)),
+        _in_app_context(app, sse_messages(events, resume_token=sealer.seal_bytes)),
         mimetype="text/event-stream",
         headers={**SSE_HEADERS, **(headers or {})},
         direct_passthrough=True,
     )
+
+
+def _in_app_context(app: Flask, chunks: Generator[bytes, None, None]) -> Generator[bytes, None, None]:
+    """``chunks`` run in an application context of their own, from the first chunk to the close.
+
+    Not the request's context (``stream_with_context``): a stream may stay open for hours, and its
+    events need the app (settings, a database session for an error notice), never the request.
+    A WSGI server asks for a first chunk before anything else, so ``chunks`` always starts and its
+    ``finally`` (closing the subscription) always runs.
+    """
+    with app.app_context():
+        try:
+            yield from chunks
+        finally:
+            chunks.close()
