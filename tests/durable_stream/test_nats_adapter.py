@@ -176,8 +176,9 @@ def test_a_backend_created_before_fork_works_in_the_child(open_nats: Any) -> Non
     backend = open_nats()
     topic = backend.topic("forked")
     topic.append(b"parent")
+    topic.append(b"parent 2")  # on the parent's publishing connection: open at the fork, never the child's
     with topic.subscribe_from_beginning() as subscription:  # the parent's change feed is running
-        assert [r.payload for r in drain(subscription, 1)] == [b"parent"]
+        assert [r.payload for r in drain(subscription, 2)] == [b"parent", b"parent 2"]
         to_parent, from_child = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -185,12 +186,12 @@ def test_a_backend_created_before_fork_works_in_the_child(open_nats: Any) -> Non
             try:
                 topic.append(b"child")
                 with topic.subscribe_from_beginning() as child_subscription:
-                    got = [r.payload for r in drain(child_subscription, 2, timeout=10)]
+                    got = [r.payload for r in drain(child_subscription, 3, timeout=10)]
                     os.write(from_child, b"r")  # waiting for the parent's next append now
                     started = time.monotonic()
                     live = [r.payload for r in drain(child_subscription, 1, timeout=10)]
                     woken = time.monotonic() - started < 5  # a wake-up, not the 15 s re-read
-                code = 0 if got == [b"parent", b"child"] and live == [b"from parent"] and woken else 2
+                code = 0 if got == [b"parent", b"parent 2", b"child"] and live == [b"from parent"] and woken else 2
                 backend.close()
             finally:
                 os.write(from_child, bytes([code]))
@@ -206,7 +207,7 @@ def test_a_backend_created_before_fork_works_in_the_child(open_nats: Any) -> Non
         assert [r.payload for r in drain(subscription, 2)] == [b"child", b"from parent"]
     topic.append(b"parent again")
     with topic.subscribe_from_beginning() as subscription:
-        assert [r.payload for r in drain(subscription, 4)][-1] == b"parent again"
+        assert [r.payload for r in drain(subscription, 5)][-1] == b"parent again"
         assert subscription.receive(timeout=0) is None
     assert subscription.receive(timeout=0) is CLOSED
 
