@@ -226,7 +226,9 @@ class _Peer:
                         break
                     received += chunk
                 if self.answer:
-                    conn.sendall(self.answer)
+                    # ``{reply}`` in the answer is the reply subject of the publish received.
+                    command = received[received.index(b"HPUB") :].split(b"\r\n", 1)[0].split()
+                    conn.sendall(self.answer.replace(b"{reply}", command[2]))
                 with contextlib.suppress(OSError):
                     while conn.recv(65536):  # until the client hangs up
                         pass
@@ -269,12 +271,22 @@ def test_a_broken_peer_never_yields_an_acknowledgement(greeting: bytes, answer: 
         peer.close()
 
 
-def test_a_reply_that_is_not_json_is_an_error() -> None:
-    peer = _Peer(_INFO, b"")
+def test_the_reply_to_its_own_subject_is_taken() -> None:
+    """The peer's protocol is right: an acknowledgement on the publish's reply subject comes back."""
+    ack = b'{"stream":"S","seq":7}'
+    peer = _Peer(_INFO, b"MSG {reply} 1 %d\r\n%s\r\n" % (len(ack), ack))
     publisher = peer.publisher()
     try:
-        # The reply subject is the publisher's own: answer it with something that is not JSON.
-        peer.answer = b"MSG %s 1 5\r\nhello\r\n" % f"_INBOX.7x{id(publisher):x}.1".encode()
+        assert publisher.publish("ds.x", {"Ds-O": "1"}, b"payload") == {"stream": "S", "seq": 7}
+    finally:
+        publisher.close()
+        peer.close()
+
+
+def test_a_reply_that_is_not_json_is_an_error() -> None:
+    peer = _Peer(_INFO, b"MSG {reply} 1 5\r\nhello\r\n")  # the publisher's own reply subject, not JSON
+    publisher = peer.publisher()
+    try:
         with pytest.raises(ValueError):
             publisher.publish("ds.x", {"Ds-O": "1"}, b"payload")
     finally:

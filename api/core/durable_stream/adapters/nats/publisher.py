@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import socket
 import threading
 import time
@@ -143,7 +144,9 @@ class DirectPublisher:
             self.enabled = False
             raise ProtocolError("the server requires TLS")
         self._max_payload = int(details.get("max_payload", 0))
-        self._inbox = f"_INBOX.{details.get('client_id', 0)}x{id(self):x}"
+        # Random, as nats-py's inboxes are: replies are routed by subject across a cluster, and
+        # two processes (forked children) must never share one.
+        self._inbox = f"_INBOX.{secrets.token_hex(12)}"
         hello: dict[str, Any] = {
             "verbose": False,
             "pedantic": False,
