@@ -72,6 +72,7 @@ class DirectPublisher:
         self._retry_at = 0.0
 
     def close(self) -> None:
+        self.enabled = False  # an append racing the close goes to the (closing) loop, not a new socket
         if self._lock.acquire(timeout=self._settings.request_timeout):
             try:
                 self._drop()
