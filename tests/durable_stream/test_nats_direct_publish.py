@@ -163,6 +163,26 @@ def test_a_restart_between_appends_is_not_an_error(monitored: NatsServer) -> Non
         assert _ordinals_are_dense(backend, "restarted") == [b"one", b"two", b"three"]
 
 
+def test_a_publishing_connection_the_server_dropped_as_stale_is_replaced_without_an_error() -> None:
+    """Idle, the publishing connection answers no server PING, and the server drops it as stale."""
+    config = ("ping_interval: 1s", "ping_max: 1")
+    with NatsServer(monitor_port=free_port(), extra_config=config) as server:
+        name = f"stale-{uuid.uuid4().hex[:8]}"
+        with connect(server.url, name=name) as backend:
+            topic = backend.topic("idle")
+            topic.append(b"one")
+            topic.append(b"two")  # opens the publishing connection
+            assert len(_connections(server, name)) == 2
+            wait_until(
+                lambda: len(_connections(server, name)) == 1,
+                timeout=15,
+                what="the server to drop the idle publishing connection",
+            )
+            topic.append(b"three")  # the dropped connection is noticed before sending: no error
+            assert _ordinals_are_dense(backend, "idle") == [b"one", b"two", b"three"]
+            assert len(_connections(server, name)) == 2, "the publishing connection was not opened again"
+
+
 @pytest.mark.parametrize(
     ("config", "credentials"),
     [
