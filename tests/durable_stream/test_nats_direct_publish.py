@@ -218,10 +218,11 @@ def _drained(backend: Any, name: str) -> list[bytes]:
 class _Peer:
     """A loopback TCP peer greeting each connection with ``greeting`` and answering a publish with ``answer``."""
 
-    def __init__(self, greeting: bytes, answer: bytes) -> None:
+    def __init__(self, greeting: bytes, answer: bytes, *, keep_pinging: bool = False) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.greeting, self.answer = greeting, answer
+        self.keep_pinging = keep_pinging
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -249,6 +250,14 @@ class _Peer:
                     # ``{reply}`` in the answer is the reply subject of the publish received.
                     command = received[received.index(b"HPUB") :].split(b"\r\n", 1)[0].split()
                     conn.sendall(self.answer.replace(b"{reply}", command[2]))
+                if self.keep_pinging:
+                    conn.settimeout(0.2)
+                    with contextlib.suppress(OSError):
+                        while True:  # a ping every 0.2 s, never the reply, until the client hangs up
+                            conn.sendall(b"PING\r\n")
+                            with contextlib.suppress(TimeoutError):
+                                if conn.recv(65536) == b"":
+                                    break
                 with contextlib.suppress(OSError):
                     while conn.recv(65536):  # until the client hangs up
                         pass
@@ -286,6 +295,19 @@ def test_a_broken_peer_never_yields_an_acknowledgement(greeting: bytes, answer: 
         else:
             with pytest.raises(outcome):
                 publisher.publish("ds.x", {"Ds-O": "1"}, b"payload")
+    finally:
+        publisher.close()
+        peer.close()
+
+
+def test_a_server_that_keeps_pinging_cannot_stretch_the_wait_for_the_reply() -> None:
+    peer = _Peer(_INFO, b"", keep_pinging=True)
+    publisher = peer.publisher()  # request_timeout 1 s
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            publisher.publish("ds.x", {"Ds-O": "1"}, b"payload")
+        assert time.monotonic() - started < 2.0
     finally:
         publisher.close()
         peer.close()

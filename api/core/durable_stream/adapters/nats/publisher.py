@@ -70,6 +70,8 @@ class DirectPublisher:
         self._max_payload = 0
         self._token = 0
         self._retry_at = 0.0
+        #: While a reply (or the server's greeting) is awaited: when to give up, whatever else arrives.
+        self._deadline: float | None = None
 
     def close(self) -> None:
         self.enabled = False  # an append racing the close goes to the (closing) loop, not a new socket
@@ -102,10 +104,13 @@ class DirectPublisher:
                 size = len(header_block) + len(payload)
                 command = b"HPUB %s %s %d %d\r\n" % (subject.encode(), reply.encode(), len(header_block), size)
                 sock.sendall(b"".join((command, header_block, payload, _CRLF)))
+                self._deadline = time.monotonic() + self._settings.request_timeout
                 return self._await_reply(reply.encode())
             except BaseException:
                 self._drop()  # a late reply must not be taken for the next request's
                 raise
+            finally:
+                self._deadline = None
         finally:
             self._lock.release()
 
@@ -136,6 +141,14 @@ class DirectPublisher:
         settings = self._settings
         sock = socket.create_connection((server.hostname, server.port or 4222), timeout=settings.connect_timeout)
         self._sock = sock
+        self._deadline = time.monotonic() + settings.connect_timeout
+        try:
+            self._greet(sock, server)
+        finally:
+            self._deadline = None
+
+    def _greet(self, sock: socket.socket, server: urllib.parse.ParseResult) -> None:
+        """INFO in, CONNECT and the inbox's SUB out, then a PING answered: the connection is usable."""
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         info = self._read_line()
         if not info.startswith(b"INFO "):
@@ -156,9 +169,9 @@ class DirectPublisher:
             "protocol": 1,
             "lang": "python-durable-stream",
             "version": "1",
-            "name": settings.name,
+            "name": self._settings.name,
         }
-        hello.update(_credentials(settings, server))
+        hello.update(_credentials(self._settings, server))
         sock.sendall(b"CONNECT %s\r\nSUB %s.* 1\r\nPING\r\n" % (json.dumps(hello).encode(), self._inbox.encode()))
         while True:
             line = self._read_line()
@@ -169,6 +182,7 @@ class DirectPublisher:
     def _drop(self) -> None:
         sock, self._sock = self._sock, None
         self._buffer.clear()
+        self._deadline = None
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
@@ -244,8 +258,15 @@ class DirectPublisher:
         return data
 
     def _receive(self) -> None:
-        assert self._sock is not None
-        data = self._sock.recv(65536)
+        sock = self._sock
+        assert sock is not None
+        if self._deadline is not None:
+            # One deadline for the whole wait: a server that keeps sending (pings) cannot stretch it.
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no answer from the NATS server in time")
+            sock.settimeout(remaining)
+        data = sock.recv(65536)
         if not data:
             raise ConnectionResetError("the NATS server closed the connection")
         self._buffer += data
