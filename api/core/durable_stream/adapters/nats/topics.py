@@ -300,6 +300,10 @@ class TopicStore:
             messages: list[StreamMessage] | None = None
             if previous is None or self._cache.follows(subject, previous):
                 last, first = await asyncio.gather(js.last(subject), js.first(subject))
+            elif attempt == 0 and js.replicated:
+                last, first, messages = await asyncio.gather(
+                    js.last(subject), js.first(subject), js.batch(subject, previous + 1, limit)
+                )
             elif attempt == 0:
                 last, messages = await asyncio.gather(js.last(subject), js.batch(subject, previous + 1, limit))
             else:
@@ -315,10 +319,20 @@ class TopicStore:
             if records is None:
                 if messages is None:
                     messages = await js.batch(subject, 1 if previous is None else previous + 1, limit)
+                purged = False
+                if js.replicated and messages:
+                    # A follower may not have applied a purge the leader has: what the leader no longer
+                    # retains is gone, and a reader after it must see the gap, not the stale copies.
+                    if first is None:
+                        first = await js.first(subject)
+                    floor = first.seq if first is not None else last.seq + 1
+                    purged = messages[0].seq < floor
+                    messages = [message for message in messages if message.seq >= floor]
                 messages = [message for message in messages if message.seq <= last.seq]
                 if any(message.epoch != last.epoch for message in messages):
                     continue  # the topic was deleted and re-created between the two reads
-                self._cache.store(subject, previous, messages)
+                if not purged:  # a batch cut at the floor no longer follows ``previous``
+                    self._cache.store(subject, previous, messages)
                 records = _records(messages, after.ordinal)
             if records:
                 head = TopicHead(last.epoch, records[0].ordinal, last.ordinal, sealed, str(last.seq))
