@@ -45,6 +45,16 @@ def _connections(server: NatsServer, name: str) -> list[dict[str, Any]]:
     return [conn for conn in found.get("connections", []) if conn.get("name") == name]
 
 
+def _connections_with(server: NatsServer, name: str, messages: int) -> list[dict[str, Any]]:
+    """The connections named ``name`` through which at least ``messages`` came in, once the server says so."""
+    found: list[dict[str, Any]] = wait_until(
+        lambda: [conn for conn in _connections(server, name) if conn["in_msgs"] >= messages] or None,
+        timeout=10,
+        what="the server's connection statistics",
+    )
+    return found
+
+
 def _ordinals_are_dense(backend: Any, topic: str) -> list[bytes]:
     with backend.topic(topic).subscribe_from_beginning() as subscription:
         records = []
@@ -64,11 +74,7 @@ def test_uncontended_appends_skip_the_loop(monitored: NatsServer) -> None:
         assert len(_connections(monitored, name)) == 1, "a process that only reads opens one connection"
         for index in range(201):
             topic.append(str(index).encode())
-        conns = wait_until(
-            lambda: [c for c in _connections(monitored, name) if c["in_msgs"] >= 200] or None,
-            timeout=10,
-            what="the server's connection statistics",
-        )
+        conns = _connections_with(monitored, name, 200)
         assert len(_connections(monitored, name)) == 2
         assert conns[0]["in_msgs"] >= 200, "the appends did not come in on the publishing connection"
         with topic.subscribe_from_beginning() as subscription:
@@ -81,11 +87,7 @@ def test_direct_publish_off_keeps_one_connection(monitored: NatsServer) -> None:
         topic = backend.topic("single")
         for index in range(50):
             topic.append(str(index).encode())
-        conns = wait_until(
-            lambda: [c for c in _connections(monitored, name) if c["in_msgs"] >= 50] or None,
-            timeout=10,
-            what="the server's connection statistics",
-        )
+        conns = _connections_with(monitored, name, 50)
         assert len(_connections(monitored, name)) == 1 and conns, "the appends did not all go through the loop"
 
 
@@ -198,11 +200,7 @@ def test_the_publishing_connection_carries_the_credentials(config: str, credenti
             topic = backend.topic("authorised")
             for index in range(20):
                 topic.append(str(index).encode())
-            conns = wait_until(
-                lambda: [c for c in _connections(server, name) if c["in_msgs"] >= 19] or None,
-                timeout=10,
-                what="the publishing connection's statistics",
-            )
+            conns = _connections_with(server, name, 19)
             assert conns, "the appends did not use the publishing connection"
             assert len(_drained(backend, "authorised")) == 20
 
@@ -233,20 +231,10 @@ class _Peer:
                 return
             with conn:
                 conn.sendall(self.greeting)
-                received = b""
-                while b"PING\r\n" not in received:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    received += chunk
+                _received_until(conn, b"PING\r\n")
                 conn.sendall(b"PONG\r\n")
-                received = b""
-                while b"HPUB" not in received:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    received += chunk
-                if self.answer:
+                received = _received_until(conn, b"HPUB")
+                if self.answer and b"HPUB" in received:
                     # ``{reply}`` in the answer is the reply subject of the publish received.
                     command = received[received.index(b"HPUB") :].split(b"\r\n", 1)[0].split()
                     conn.sendall(self.answer.replace(b"{reply}", command[2]))
@@ -268,6 +256,17 @@ class _Peer:
 
     def close(self) -> None:
         self.listener.close()
+
+
+def _received_until(conn: socket.socket, marker: bytes) -> bytes:
+    """What ``conn`` sent up to and including ``marker`` (or until it hung up)."""
+    received = b""
+    while marker not in received:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+    return received
 
 
 _INFO = b'INFO {"server_id":"x","max_payload":1048576,"headers":true,"client_id":7}\r\n'
