@@ -234,6 +234,23 @@ def test_records_read_before_another_backend_trimmed_them_are_not_served_again(o
 
 
 @pytest.mark.skipif(not hooks.gevent_active(), reason="gevent monkey-patching only")
+def test_the_loop_thread_never_gets_a_gevent_hub(open_nats: Any) -> None:
+    """Its connections use the original socket class: gevent's would make a hub in that thread."""
+    import gc
+
+    import gevent.hub
+
+    backend = open_nats()
+    topic = backend.topic("hubless")
+    topic.append(b"one")
+    topic.append(b"two")
+    with topic.subscribe_from_beginning() as subscription:
+        assert [r.payload for r in drain(subscription, 2)] == [b"one", b"two"]
+    hubs = [thing for thing in gc.get_objects() if isinstance(thing, gevent.hub.Hub)]
+    assert hubs == [gevent.get_hub()], f"{len(hubs)} hubs: a thread other than the main one made one"
+
+
+@pytest.mark.skipif(not hooks.gevent_active(), reason="gevent monkey-patching only")
 def test_waiting_and_calling_never_block_the_gevent_hub(open_nats: Any) -> None:
     """NATS calls run on the loop thread: greenlets waiting in receive() or append() let others run."""
     import gevent

@@ -5,8 +5,10 @@ monkey-patching) hands a coroutine to the loop with ``call_soon_threadsafe`` and
 result on a :mod:`~api.core.durable_stream._cooperative` wake-up, which under gevent parks only the
 calling greenlet (the loop thread sets it with the hub's thread-safe callback).
 
-Under gevent the loop thread is started with the unpatched ``_thread`` primitives and its selector
-is the original ``epoll``: the loop must never run inside a gevent hub.
+Under gevent the loop thread is started with the unpatched ``_thread`` primitives, its selector is
+the original ``epoll``, and its connections are made with the original socket class (asyncio would
+take gevent's, whose every instance gives the thread it is made in a hub of its own): the loop must
+never run inside, or next to, a gevent hub.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import selectors
+import socket
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -45,6 +48,47 @@ def raw_lock() -> Any:
     return _originals()[1]()
 
 
+class _NativeSocketLoop(asyncio.SelectorEventLoop):
+    """A selector loop whose outgoing connections use the original socket class and resolver."""
+
+    def __init__(self, selector: selectors.BaseSelector) -> None:
+        super().__init__(selector)
+        from gevent.monkey import get_original
+
+        self._socket_class: type[socket.socket] = get_original("socket", "socket")
+        self._resolve: Callable[..., list[Any]] = get_original("socket", "getaddrinfo")
+
+    async def create_connection(  # type: ignore[override]
+        self,
+        protocol_factory: Callable[[], asyncio.BaseProtocol],
+        host: str | None = None,
+        port: int | None = None,
+        **kwargs: Any,
+    ) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
+        if kwargs.get("sock") is not None or host is None:
+            return await super().create_connection(protocol_factory, **kwargs)  # a socket given: no host
+        for name in ("family", "proto", "flags", "local_addr", "happy_eyeballs_delay", "interleave"):
+            kwargs.pop(name, None)
+        if kwargs.get("ssl") and kwargs.get("server_hostname") is None:
+            kwargs["server_hostname"] = host
+        error: OSError | None = None
+        # Resolved in this thread (a literal address needs no lookup; a name blocks only this loop).
+        for family, kind, proto, _, address in self._resolve(host, port, type=socket.SOCK_STREAM):
+            sock = self._socket_class(family, kind, proto)
+            sock.setblocking(False)
+            try:
+                await self.sock_connect(sock, address)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            return await super().create_connection(protocol_factory, sock=sock, **kwargs)
+        raise error or OSError(f"cannot resolve {host!r}")
+
+
 class _Outcome:
     __slots__ = ("error", "value")
 
@@ -58,7 +102,8 @@ class LoopThread:
 
     def __init__(self, name: str) -> None:
         start, allocate, selector_cls = _originals()
-        self.loop = asyncio.SelectorEventLoop(selector_cls())
+        native = gevent_active() or "gevent.monkey" in sys.modules
+        self.loop = _NativeSocketLoop(selector_cls()) if native else asyncio.SelectorEventLoop(selector_cls())
         self._stopped = allocate()
         self._stopped.acquire()
         self._closed = False
