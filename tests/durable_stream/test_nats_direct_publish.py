@@ -55,6 +55,20 @@ def _connections_with(server: NatsServer, name: str, messages: int) -> list[dict
     return found
 
 
+def _the_loop_connection(server: NatsServer, name: str) -> int:
+    """The server's id of the backend object's one connection before it appends (the loop's)."""
+    conns = _connections(server, name)
+    assert len(conns) == 1, "a process that only reads opens one connection"
+    return int(conns[0]["cid"])
+
+
+def _appends_came_around_the_loop(server: NatsServer, name: str, loop_cid: int, messages: int) -> None:
+    """``messages`` publishes came in on a connection that is not the loop's, and there are two."""
+    busy = _connections_with(server, name, messages)
+    assert all(conn["cid"] != loop_cid for conn in busy), "the appends came in on the loop's connection"
+    assert len(_connections(server, name)) == 2
+
+
 def _ordinals_are_dense(backend: Any, topic: str) -> list[bytes]:
     with backend.topic(topic).subscribe_from_beginning() as subscription:
         records = []
@@ -71,12 +85,10 @@ def test_uncontended_appends_skip_the_loop(monitored: NatsServer) -> None:
         topic = backend.topic("direct")
         with topic.subscribe_from_tail():
             pass
-        assert len(_connections(monitored, name)) == 1, "a process that only reads opens one connection"
+        loop_cid = _the_loop_connection(monitored, name)
         for index in range(201):
             topic.append(str(index).encode())
-        conns = _connections_with(monitored, name, 200)
-        assert len(_connections(monitored, name)) == 2
-        assert conns[0]["in_msgs"] >= 200, "the appends did not come in on the publishing connection"
+        _appends_came_around_the_loop(monitored, name, loop_cid, 200)
         with topic.subscribe_from_beginning() as subscription:
             assert [r.payload for r in drain(subscription, 201)] == [str(i).encode() for i in range(201)]
 
@@ -198,10 +210,10 @@ def test_the_publishing_connection_carries_the_credentials(config: str, credenti
         name = f"auth-{uuid.uuid4().hex[:8]}"
         with connect(f"nats://{credentials}127.0.0.1:{server.port}", name=name) as backend:
             topic = backend.topic("authorised")
+            loop_cid = _the_loop_connection(server, name)
             for index in range(20):
                 topic.append(str(index).encode())
-            conns = _connections_with(server, name, 19)
-            assert conns, "the appends did not use the publishing connection"
+            _appends_came_around_the_loop(server, name, loop_cid, 19)
             assert len(_drained(backend, "authorised")) == 20
 
 
