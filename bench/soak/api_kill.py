@@ -24,7 +24,7 @@ from harness.waiting import wait_until
 
 from .report import Table
 from .services import Services, stream_store
-from .stack import end_problems, reported, server_problems, soak_env, stored_events
+from .stack import end_problems, reported, server_problems, soak_env, stored_events, wait_ended
 from .verify import Comparison, ResumeCheck, check_resumes, compare
 from .workflows import expected_events, streaming_workflow
 
@@ -56,6 +56,8 @@ class ApiKillOptions:
     mid_stream: int = 10
     celery_concurrency: int = 20
     seed: int = 3
+    #: How long the worker may take, after its clients read the end, to record that it wrote it.
+    end_deadline: float = 30
 
 
 def run(found: Services, directory: pathlib.Path, options: ApiKillOptions) -> Table:
@@ -126,6 +128,7 @@ def _store(
             totals = Comparison.zero()
             resumes = ResumeCheck()
             with connect(stream_url) as backend:
+                wait_ended(stack, backend, (followed.run_id or "" for followed in runs), options.end_deadline)
                 for followed in runs:
                     run_id = followed.run_id or ""
                     stored, sealed = stored_events(backend, run_id)

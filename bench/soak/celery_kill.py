@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from api.core.durable_stream import DurableStreamBackend, connect
+from api.core.durable_stream import connect
 from harness.served_stack import ServedStack
 from harness.sse_client import Follower
 from harness.waiting import wait_until
@@ -31,7 +31,7 @@ from harness.waiting import wait_until
 from .broker import queued_run_ids, unacked
 from .report import Table
 from .services import Services, stream_store
-from .stack import end_problems, reported, run_ended, server_problems, soak_env, stored_events
+from .stack import end_problems, reported, server_problems, soak_env, stored_events, wait_ended
 from .verify import compare
 from .workflows import streaming_workflow
 
@@ -130,7 +130,7 @@ def _kill(
             categories = _hold_and_kill(stack, env, followers, options)
             killed_at = time.monotonic()
             stack.start_worker(options.concurrency, wait=False)
-            ended_at = _wait_ended(stack, backend, followers, options.deadline)
+            ended_at = wait_ended(stack, backend, (f.run.run_id or "" for f in followers), options.deadline)
             runs = [future.result() for future in futures]
             table.problems.extend(server_problems(broker, stack)[1])
             outcomes: dict[str, list[str]] = {category: [] for category in CATEGORIES}
@@ -200,21 +200,6 @@ def _hold_and_kill(
         run_id = follower.run.run_id or ""
         categories[run_id] = "started" if run_id in started else "queued" if run_id in queued else "prefetched"
     return categories
-
-
-def _wait_ended(
-    stack: ServedStack, backend: DurableStreamBackend, followers: list[Follower], deadline: float
-) -> dict[str, float]:
-    """Poll until every run ended visibly (or the deadline); when each one was first seen ended."""
-    ended: dict[str, float] = {}
-    limit = time.monotonic() + deadline
-    while len(ended) < len(followers) and time.monotonic() < limit:
-        for follower in followers:
-            run_id = follower.run.run_id or ""
-            if run_id not in ended and run_ended(stack.run_row(run_id), backend, run_id):
-                ended[run_id] = time.monotonic()
-        time.sleep(0.1)
-    return ended
 
 
 def _summary(statuses: list[str]) -> str:

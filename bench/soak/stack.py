@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Collection
+import time
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from api.core.app.apps.event_codec import unstamped
@@ -66,6 +67,27 @@ def run_ended(row: dict[str, Any] | None, backend: DurableStreamBackend, run_id:
         return False
     info = backend.admin.topic_info(workflow_run_topic("workflow", run_id))
     return info is not None and info.sealed
+
+
+def wait_ended(
+    stack: ServedStack, backend: DurableStreamBackend, run_ids: Iterable[str], deadline: float
+) -> dict[str, float]:
+    """Poll until every run ended visibly (or ``deadline`` seconds passed); when each was first seen ended.
+
+    A client finishes on reading the end from the stream; the worker records in the row that the
+    end is written only after that, so a check right after the clients finished would race it.
+    """
+    pending = set(run_ids)
+    ended: dict[str, float] = {}
+    limit = time.monotonic() + deadline
+    while pending and time.monotonic() < limit:
+        for run_id in sorted(pending):
+            if run_ended(stack.run_row(run_id), backend, run_id):
+                ended[run_id] = time.monotonic()
+                pending.discard(run_id)
+        if pending:
+            time.sleep(0.1)
+    return ended
 
 
 def end_problems(row: dict[str, Any] | None, stored: list[dict[str, Any]], sealed: bool) -> list[str]:

@@ -36,7 +36,7 @@ from harness.waiting import wait_until
 from .fault_stores import fault_store
 from .report import Table
 from .services import Services
-from .stack import end_problems, run_ended, server_problems, soak_env, stored_events
+from .stack import end_problems, server_problems, soak_env, stored_events, wait_ended
 from .verify import ResumeCheck, canonical, check_resumes, compare, outcome_or_canonical
 from .workflows import expected_events, streaming_workflow
 
@@ -155,7 +155,8 @@ def _case(
             table.problems.extend(server_problems(label, stack, expected={503})[1])
             unavailable = stack.statuses()[503]
             with connect(store.url) as backend:
-                ended_after = _wait_ended(stack, backend, runs, killed_at, options.deadline)
+                ended_at = wait_ended(stack, backend, (followed.run_id or "" for followed in runs), options.deadline)
+                ended_after = {run_id: at - killed_at for run_id, at in ended_at.items()}
                 persistent = store.persistent
                 return _verify(stack, backend, key, runs, ended_after, label, table, persistent=persistent) | {
                     "store": store_name,
@@ -171,20 +172,6 @@ def _case(
 
 def _mid_stream(followers: list[Follower], events: int) -> Callable[[], bool]:
     return lambda: all(len(f.run.received) >= events and not f.run.finished for f in followers)
-
-
-def _wait_ended(
-    stack: ServedStack, backend: DurableStreamBackend, runs: list[FollowedRun], since: float, deadline: float
-) -> dict[str, float]:
-    ended: dict[str, float] = {}
-    limit = time.monotonic() + deadline
-    while len(ended) < len(runs) and time.monotonic() < limit:
-        for followed in runs:
-            run_id = followed.run_id or ""
-            if run_id not in ended and run_ended(stack.run_row(run_id), backend, run_id):
-                ended[run_id] = time.monotonic() - since
-        time.sleep(0.1)
-    return ended
 
 
 def _verify(
