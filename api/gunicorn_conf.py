@@ -12,6 +12,8 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
 - It also turns off gevent's greenlet-tree tracking (unless ``GEVENT_TRACK_GREENLET_TREE`` is set): with
   it, every connection's greenlet keeps a copy of the stack that spawned it (about nine frame records
   and their lists), long-lived objects the cyclic GC would scan for as long as the stream is open.
+- With ``GC_PAUSE_LOG_MS`` set, every collection of the oldest generation that takes longer than that
+  many milliseconds is logged (a pause of every stream of the worker while it runs).
 - With ``API_METRICS_BIND`` set, the master empties ``METRICS_DIR/api`` before any worker starts,
   serves the workers' summed Prometheus metrics on that bind once ready, and drops a dead worker's
   live gauges (see ``api.extensions.ext_metrics``).
@@ -41,6 +43,27 @@ def post_worker_init(worker: Any) -> None:
     gc.collect()
     gc.freeze()
     worker.log.info("gc.freeze(): %d start-up objects are no longer scanned by the cyclic GC", gc.get_freeze_count())
+    threshold = os.environ.get("GC_PAUSE_LOG_MS")
+    if threshold:
+        gc.callbacks.append(_pause_logger(worker.log, float(threshold) / 1000))
+
+
+def _pause_logger(log: Any, threshold: float) -> Any:
+    import time
+
+    started = [0.0]
+
+    def on_collection(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        seconds = time.perf_counter() - started[0]
+        if seconds >= threshold:
+            log.warning("a full GC collection took %.0f ms (%d objects collected)", seconds * 1000, info["collected"])
+
+    return on_collection
 
 
 def _metrics_config() -> Any:

@@ -346,6 +346,10 @@ def measure(
         load_cpu = [after - before for before, after in zip(load_cpu_before, load.cpu(), strict=False)]
 
         latencies = [tenths / 10 for part in done for tenths in part.get("latencies", [])]
+        by_probe: dict[int, list[float]] = {}
+        for part in done:
+            for index, values in part.get("by_probe", {}).items():
+                by_probe.setdefault(int(index), []).extend(tenths / 10 for tenths in values)
         received = sum(part.get("received", 0) for part in done)
         events = sum(part.get("events", 0) for part in done)
         statuses: dict[str, int] = {}
@@ -376,6 +380,13 @@ def measure(
             "p50_ms": round(percentile(latencies, 0.5), 1),
             "p99_ms": round(percentile(latencies, 0.99), 1),
             "max_ms": round(max(latencies), 1) if latencies else float("nan"),
+            # Probe 0 of a run is its first event after the resume: where a resume burst shows.
+            "p99_ms_by_probe": [round(percentile(by_probe[index], 0.99), 1) for index in sorted(by_probe)],
+            "last_probe_ms_p50_p90_p95_p99": [
+                round(percentile(by_probe[max(by_probe)], q), 1) for q in (0.5, 0.9, 0.95, 0.99)
+            ]
+            if by_probe
+            else [],
             # Every event the streaming phase delivered (the probes and the resumed runs' other events).
             "cpu_us_per_delivery": round(worker_cpu / events * 1e6, 1) if events else float("nan"),
             "kernel_share_of_cpu": round(worker_system / worker_cpu, 2) if worker_cpu else float("nan"),

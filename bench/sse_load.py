@@ -45,6 +45,8 @@ class Totals:
         self.duplicated = 0
         self.out_of_order = 0
         self.latencies: list[int] = []
+        #: The same latencies by probe index (the first probe of a run is the first event after its resume).
+        self.by_probe: dict[int, list[int]] = {}
         self.answered = 0
 
 
@@ -109,7 +111,9 @@ async def follow(
                         totals.out_of_order += 1
                         expected = index + 1
                     totals.received += 1
-                    totals.latencies.append(round((now - float(match[2])) * 10000))
+                    tenths = round((now - float(match[2])) * 10000)
+                    totals.latencies.append(tenths)
+                    totals.by_probe.setdefault(index, []).append(tenths)
                 elif line.startswith(b'data: {"event":"workflow_finished"'):
                     totals.missing += max(0, job["tokens"] - expected)
                     totals.finished += 1
@@ -161,6 +165,7 @@ async def main_async(job: dict[str, Any]) -> None:
                 "duplicated": totals.duplicated,
                 "out_of_order": totals.out_of_order,
                 "latencies": totals.latencies,
+                "by_probe": totals.by_probe,
             }
         ),
         flush=True,

@@ -113,6 +113,11 @@ class AppConfig(BaseSettings):
     )
     SSE_PING_INTERVAL: float = Field(default=10, description="Seconds between pings on an idle event stream.")
     SSE_IDLE_TIMEOUT: float = Field(default=300, description="An event stream with no event for this long ends.")
+    SSE_SHARED_WRITER: bool = Field(
+        default=True,
+        description="Under gunicorn's gevent workers, one writer per run and process writes each live event "
+        "to every client level with it (instead of a greenlet per client reading and writing it).",
+    )
     DEMO_PAGE_ENABLED: bool | None = Field(
         default=None,
         description="Serve the browser demo page at /demo. Unset: only in development, i.e. while SECRET_KEY is "

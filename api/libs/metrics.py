@@ -115,6 +115,16 @@ UNAVAILABLE = _metric(
 )
 # The app's.
 STREAMS_OPEN = _metric("workflow_sse_streams_open", "gauge", "SSE event streams open.", "transport")
+WRITERS_OPEN = _metric(
+    "workflow_sse_writers_open", "gauge", "Shared SSE writers (one per run that clients follow live, per API process)."
+)
+HANDBACKS = _metric(
+    "workflow_sse_handbacks_total",
+    "counter",
+    "Clients a shared writer handed back to their own stream: slow (its socket buffer was full) or failed "
+    "(the writer's read of the run's events failed).",
+    "reason",
+)
 RESUMES = _metric(
     "workflow_sse_resumes_total",
     "counter",
@@ -150,6 +160,8 @@ METRICS: tuple[Metric, ...] = (
     CURSOR_UNAVAILABLE,
     UNAVAILABLE,
     STREAMS_OPEN,
+    WRITERS_OPEN,
+    HANDBACKS,
     RESUMES,
     LAG,
     RUNS_FINISHED,

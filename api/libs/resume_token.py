@@ -179,6 +179,12 @@ class StreamSealer:
         self._header = header
         self._associated_data = associated_data
 
+    @property
+    def binding(self) -> bytes:
+        """What a token of this sealer is bound to (topic, app, user) and sealed with (the key): two
+        sealers with the same binding make interchangeable tokens."""
+        return self._header + self._associated_data
+
     def seal_bytes(self, cursor: str) -> bytes:
         """The token as ASCII bytes (what an SSE ``id:`` line carries)."""
         nonce = _NONCES.take()

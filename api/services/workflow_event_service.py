@@ -95,10 +95,10 @@ def run_streaming(app: App, run: WorkflowRun) -> EventStream:
         subscription.close()
         raise
     created = {"event": "run_created", "task_id": run.task_id, "workflow_run_id": run.id}
-    return _preceded(Notice("run_created", encode_event(created)), _RunIds.of(app, run), subscription)
+    return _preceded(Notice("run_created", encode_event(created)), RunIds.of(app, run), subscription)
 
 
-def _preceded(first: Notice, ids: _RunIds, subscription: EventSubscription) -> EventStream:
+def _preceded(first: Notice, ids: RunIds, subscription: EventSubscription) -> EventStream:
     events = _events(ids, subscription, continue_on_pause=False)
     try:
         yield first
@@ -171,7 +171,7 @@ def _open(
         raise
     from_start = transport.resumable and cursor is None and first is None
     return _events(
-        _RunIds.of(app, run),
+        RunIds.of(app, run),
         subscription,
         continue_on_pause=continue_on_pause,
         first=first,
@@ -192,7 +192,7 @@ def _gone(run: WorkflowRun, code: str, message: str) -> GoneError:
     return GoneError(message, code=code, details={"run": runs.run_detail(run)})
 
 
-class _RunIds(NamedTuple):
+class RunIds(NamedTuple):
     """What a stream needs of its run for its whole life: ids, not rows.
 
     A stream can stay open for hours; holding the run's and the app's ORM objects (and their rows)
@@ -202,14 +202,37 @@ class _RunIds(NamedTuple):
     app_id: str
     task_id: str
     run_id: str
+    topic: str
 
     @classmethod
-    def of(cls, app: App, run: WorkflowRun) -> _RunIds:
-        return cls(app.id, run.task_id, run.id)
+    def of(cls, app: App, run: WorkflowRun) -> RunIds:
+        return cls(app.id, run.task_id, run.id, runs.topic_name(app, run))
+
+
+def follow(ids: RunIds, cursor: TopicCursor, *, continue_on_pause: bool) -> EventStream:
+    """The run's events strictly after ``cursor``, for a stream that has already begun.
+
+    Nothing is checked against the run's row (the stream's start did that); a failure to subscribe
+    is the stream's last item, an ``error`` notice (410 ``resume_cursor_expired`` or 503
+    ``stream_unavailable``), as it is for a failure while following.
+    """
+    subscription = MessageGenerator.retrieve_events(event_transport(), ids.topic, cursor)
+    try:
+        subscription.__enter__()
+    except CursorUnavailableError:
+        subscription.close()
+        return _only(_error_notice(ids.run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410))
+    except DurableStreamError as exc:
+        subscription.close()
+        return _only(_error_notice(ids.run_id, "stream_unavailable", str(exc), 503))
+    except BaseException:
+        subscription.close()
+        raise
+    return _events(ids, subscription, continue_on_pause=continue_on_pause)
 
 
 def _events(
-    ids: _RunIds,
+    ids: RunIds,
     subscription: EventSubscription,
     *,
     continue_on_pause: bool,

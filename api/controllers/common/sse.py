@@ -46,31 +46,37 @@ def sse_messages(
     """
     try:
         for item in items:
-            if isinstance(item, StreamEvent):
-                if item.stored is not None and metrics.enabled():
-                    _observe_lag(item)
-                yield _event_message(item, resume_token)
-            elif isinstance(item, EventBatch):
-                if item.events[0].stored is not None and metrics.enabled():
-                    _observe_lag(item.events[0])
-                yield b"".join([_event_message(event, resume_token) for event in item.events])
-            elif isinstance(item, Ping):
-                yield PING
-            else:  # a Notice
-                yield sse_message(item.payload, event=item.event)
+            yield sse_chunk(item, resume_token)
             del item  # not kept while the next one is awaited
     finally:
         items.close()
 
 
-def _observe_lag(event: StreamEvent) -> None:
+def sse_chunk(item: StreamItem, resume_token: Callable[[TopicCursor], bytes]) -> bytes:
+    """The SSE bytes of one item (one chunk); a write of events is one delivery-lag sample."""
+    if isinstance(item, StreamEvent):
+        if item.stored is not None and metrics.enabled():
+            observe_lag(item)
+        return event_message(item, resume_token)
+    if isinstance(item, EventBatch):
+        if item.events[0].stored is not None and metrics.enabled():
+            observe_lag(item.events[0])
+        return b"".join([event_message(event, resume_token) for event in item.events])
+    if isinstance(item, Ping):
+        return PING
+    return sse_message(item.payload, event=item.event)  # a Notice
+
+
+def observe_lag(event: StreamEvent) -> None:
+    """One delivery-lag sample from ``event``'s envelope (call only when metrics are on)."""
     assert event.stored is not None
     stamp = stamp_of(event.stored)
     if stamp is not None:
         metrics.observe_lag("broadcast_channel" if event.cursor is None else "durable_stream", stamp)
 
 
-def _event_message(event: StreamEvent, resume_token: Callable[[TopicCursor], bytes]) -> bytes:
+def event_message(event: StreamEvent, resume_token: Callable[[TopicCursor], bytes]) -> bytes:
+    """One event of the run as an SSE message: its cursor sealed into ``id:``, its payload as stored."""
     cursor, payload = event.cursor, event.payload
     if cursor is None:
         return sse_message(payload)

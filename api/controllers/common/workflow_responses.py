@@ -13,6 +13,7 @@ from typing import Any
 
 from flask import Flask, Response, current_app, request
 
+from api.controllers.common import sse_writer
 from api.controllers.common.sse import SSE_HEADERS, sse_messages
 from api.core.durable_stream import TopicCursor
 from api.extensions.ext_resume_token import resume_token_codec
@@ -38,7 +39,7 @@ def start_run(app_model: App, body: Any) -> Any:
         return {"task_id": run.task_id, "workflow_run_id": run.id}, 202
     if mode == "streaming":
         events = event_streams.run_streaming(app_model, run)
-        return event_stream_response(app_model, run, events, event_streams.run_headers(run))
+        return event_stream_response(app_model, run, events, event_streams.run_headers(run), continue_on_pause=False)
     return runs.run_blocking(app_model, run)
 
 
@@ -80,17 +81,16 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
 
 
 def _run_events(app_model: App, run: WorkflowRun) -> Response:
+    # The rows are loaded: the stream store's round trips below must not hold a pooled connection
+    # (thousands of clients reconnecting at once would wait for the pool, not for the store).
+    db.session.close()
     cursor = None
     token = last_event_id()
     if token is not None and event_streams.resumable():  # a live-only transport ignores it
         cursor = open_resume_token(app_model, run, token)
-    events = event_streams.reconnect(
-        app_model,
-        run,
-        cursor=cursor,
-        continue_on_pause=request.args.get("continue_on_pause", "").lower() in ("1", "true", "yes"),
-    )
-    return event_stream_response(app_model, run, events)
+    continue_on_pause = request.args.get("continue_on_pause", "").lower() in ("1", "true", "yes")
+    events = event_streams.reconnect(app_model, run, cursor=cursor, continue_on_pause=continue_on_pause)
+    return event_stream_response(app_model, run, events, continue_on_pause=continue_on_pause)
 
 
 def last_event_id() -> str | None:
@@ -115,22 +115,42 @@ def open_resume_token(app_model: App, run: WorkflowRun, token: str) -> TopicCurs
 
 
 def event_stream_response(
-    app_model: App, run: WorkflowRun, events: EventStream, headers: dict[str, str] | None = None
+    app_model: App,
+    run: WorkflowRun,
+    events: EventStream,
+    headers: dict[str, str] | None = None,
+    *,
+    continue_on_pause: bool,
 ) -> Response:
     """An SSE response of ``events``, each event's cursor sealed into a token bound to the run and user.
 
     The request's database work ends here: the stream may stay open for hours, and must hold
-    neither a pooled connection nor the rows the request loaded.
+    neither a pooled connection nor the rows the request loaded. Where it can, the response joins
+    the run's shared writer once it is level with it (``sse_writer``).
     """
     # Bound once per response: the associated data and the AEAD object are reused for every event.
-    topic = runs.topic_name(app_model, run)
-    sealer = resume_token_codec().sealer(topic=topic, app_id=app_model.id, end_user=run.end_user)
+    ids = event_streams.RunIds.of(app_model, run)
+    sealer = resume_token_codec().sealer(topic=ids.topic, app_id=app_model.id, end_user=run.end_user)
     db.session.close()
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]  # the app, not its proxy
+    config = app.config["APP_CONFIG"]
+    socket = sse_writer.writable_socket(request.environ) if config.SSE_SHARED_WRITER else None
+    if socket is not None and event_streams.resumable():
+        body = sse_writer.shared_body(
+            events,
+            writers=sse_writer.shared_writers(app),
+            socket=socket,
+            chunked=request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0",
+            ids=ids,
+            sealer=sealer,
+            continue_on_pause=continue_on_pause,
+        )
+    else:
+        body = sse_messages(events, resume_token=sealer.seal_bytes)
     # Passed through as it is: the chunks are bytes already, and werkzeug's encoding and closing
     # wrappers would add two layers to every chunk's way out (and to every parked stream's stack).
     return Response(
-        _in_app_context(app, sse_messages(events, resume_token=sealer.seal_bytes)),
+        _in_app_context(app, body),
         mimetype="text/event-stream",
         headers={**SSE_HEADERS, **(headers or {})},
         direct_passthrough=True,

@@ -1,0 +1,435 @@
+"""One writer per topic and API process for the clients that follow a run live.
+
+A stream without it is a WSGI generator per client: every event wakes each client's greenlet, goes
+through that client's subscription and generators, is framed and sealed for it, and is written by
+the server's loop. Thousands of clients of a few runs repeat the same work thousands of times
+(``docs/benchmarks.md``, "SSE capacity"). Here a client reads on its own only until it is level
+with the topic's writer; then it *joins* the writer and its greenlet parks. The writer holds the
+one subscription of the topic in this process, frames and seals each event once (every client of a
+topic is bound to the same run and user, so the token is theirs too) and writes the same bytes to
+every joined client's socket without waiting for any of them. It pings them, ends them at their
+terminal event or idle timeout, and hands the watcher's final event to them.
+
+Nothing is lost or repeated on the way in or out:
+
+- A client joins only at a position the writer can continue exactly: the writer's own position,
+  or one of the last :data:`RING` events it delivered (it sends the client what came after first).
+  A client that is behind or ahead reads on and tries again after its next event.
+- A client the writer cannot serve at once (its socket buffer is full, or the writer's
+  subscription failed) is handed back to its own greenlet with its position and the unsent rest
+  of its last write: the greenlet finishes that write, then reads on its own from that position
+  (and joins again when level). So a slow client never holds up the others, and a store failure
+  reaches every client exactly as it would without the writer.
+
+It is used for gunicorn's gevent workers only (``SSE_SHARED_WRITER``), where the client's socket is
+in the environ and every greenlet runs on one thread: the writer's state needs no lock, because
+nothing here waits between reading and changing it. The writer writes whole HTTP chunks itself
+(HTTP/1.1) or the bare bytes (HTTP/1.0), as gunicorn would; gunicorn's access log counts only the
+bytes it wrote itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections.abc import Generator
+from typing import Any, NamedTuple
+
+from flask import Flask
+
+from api.controllers.common.sse import PING, event_message, observe_lag, sse_chunk, sse_message
+from api.core.app.apps.event_codec import encode_event, event_name
+from api.core.app.apps.event_transport import StreamMessage
+from api.core.app.apps.message_generator import EventBatch, MessageGenerator, StreamEvent, StreamItem
+from api.core.durable_stream import CLOSED, TopicCursor
+from api.extensions.ext_event_bus import event_transport
+from api.libs import log_context, metrics
+from api.libs.resume_token import StreamSealer
+from api.services.run_watcher import StreamWatch, run_watcher
+from api.services.workflow_event_service import COALESCE, EventStream, RunIds, follow
+
+logger = logging.getLogger(__name__)
+
+#: Events a writer keeps after delivering them, so that a client slightly behind can still join.
+RING = 128
+FINISHED, PAUSED = "workflow_finished", "workflow_paused"
+_TRANSPORT = ("durable_stream",)
+EXTENSION_KEY = "sse_writers"
+
+
+class Outcome(NamedTuple):
+    """Why a writer let go of a client: ``ended`` (the response is complete), ``gone`` (its socket
+    failed) or ``resume`` (read on alone after ``cursor``, once ``rest`` is written)."""
+
+    kind: str
+    cursor: TopicCursor | None = None
+    rest: bytes = b""
+
+
+ENDED, GONE = Outcome("ended"), Outcome("gone")
+
+
+class Follower:
+    """One client's response while a writer serves it."""
+
+    __slots__ = ("chunked", "cursor", "ends_at_pause", "joined_at", "socket", "waiter", "writer")
+
+    def __init__(self, socket: Any, *, chunked: bool, continue_on_pause: bool) -> None:
+        from gevent.hub import Waiter
+
+        self.socket = socket
+        self.chunked = chunked
+        self.ends_at_pause = not continue_on_pause
+        self.cursor: TopicCursor | None = None
+        self.joined_at = 0.0
+        self.waiter: Any = Waiter()
+        self.writer: TopicWriter | None = None
+
+    def ends_with(self, name: str | None) -> bool:
+        return name == FINISHED or (name == PAUSED and self.ends_at_pause)
+
+
+class _Framed(NamedTuple):
+    cursor: TopicCursor
+    name: str | None
+    message: bytes
+    event: StreamEvent
+
+
+class _Delivery:
+    """Events delivered together, and the bytes each kind of client gets of them: all of them, or up
+    to the event that ends its stream (the run's end; for a client that stops at pauses, a pause
+    that nothing follows yet)."""
+
+    __slots__ = ("_data", "_finished_at", "_framed", "_paused_last", "lag_sample")
+
+    def __init__(self, framed: list[_Framed], *, pause_ends: bool) -> None:
+        self._framed = framed
+        self._finished_at = next((index for index, item in enumerate(framed) if item.name == FINISHED), None)
+        self._paused_last = pause_ends and framed[-1].name == PAUSED
+        self._data: dict[int, bytes] = {}
+        first = framed[0].event
+        self.lag_sample = first if first.stored is not None else None
+
+    def for_client(self, client: Follower) -> tuple[bytes, TopicCursor, bool]:
+        """The bytes for ``client``, the cursor of the last event in them, and whether they end its stream."""
+        end = self._finished_at
+        if end is None and self._paused_last and client.ends_at_pause:
+            end = len(self._framed) - 1
+        last = len(self._framed) - 1 if end is None else end
+        data = self._data.get(last)
+        if data is None:
+            framed = self._framed
+            data = framed[0].message if last == 0 else b"".join([item.message for item in framed[: last + 1]])
+            self._data[last] = data
+        return data, self._framed[last].cursor, end is not None
+
+
+class TopicWriter:
+    """The writer of one topic (and the run and user its clients are bound to) in this process."""
+
+    def __init__(
+        self, registry: SharedWriters, key: tuple[str, bytes], ids: RunIds, sealer: StreamSealer, cursor: TopicCursor
+    ) -> None:
+        self._registry = registry
+        self.key = key
+        self._ids = ids
+        self._sealer = sealer
+        self.position = cursor
+        self.clients: dict[Follower, None] = {}  # in the order they joined
+        self.alive = True
+        self._ring: list[_Framed] = []
+        self._ring_start = 0  # the sequence number of the ring's first event
+        self._sequence: dict[TopicCursor, int] = {}
+        self._last_event = time.monotonic()
+        self._last_write = self._last_event
+        self._watch: StreamWatch | None = None
+
+    # Called from clients' greenlets.
+
+    def join(self, client: Follower, cursor: TopicCursor) -> bool:
+        """Serve ``client`` from strictly after ``cursor`` on, if this writer can continue there exactly."""
+        if not self.alive:
+            return False
+        if cursor == self.position:
+            missed: list[_Framed] = []
+        else:
+            number = self._sequence.get(cursor)
+            if number is None:
+                return False
+            missed = self._ring[number - self._ring_start + 1 :]
+        client.writer, client.cursor, client.joined_at = self, cursor, time.monotonic()
+        self.clients[client] = None
+        metrics.STREAMS_OPEN.tally.add(_TRANSPORT)
+        if missed:
+            self._send_events(client, _Delivery(missed, pause_ends=True))
+        return True
+
+    def leave(self, client: Follower) -> None:
+        """Forget ``client`` without waking it (its greenlet is going away)."""
+        if self.clients.pop(client, False) is None:
+            client.writer = None
+            metrics.STREAMS_OPEN.tally.add(_TRANSPORT, -1)
+
+    # The writer's own greenlet.
+
+    def run(self, app: Flask, ping_interval: float, idle_timeout: float) -> None:
+        """Follow the topic for the clients until none is left, the topic ends, or reading it fails."""
+        ids = self._ids
+        fields = log_context.fields_of(
+            app_id=ids.app_id, task_id=ids.task_id, workflow_run_id=ids.run_id, transport=_TRANSPORT[0]
+        )
+        subscription: Any = None
+        watcher = None
+        try:
+            with app.app_context(), log_context.bound(fields):
+                subscription = MessageGenerator.retrieve_events(event_transport(), ids.topic, self.position)
+                subscription.__enter__()
+                watcher = run_watcher()
+                self._watch = watcher.watch(ids.run_id, subscription, live_only=False)
+                self._follow(subscription, ping_interval, idle_timeout)
+        except Exception as exc:  # every client reads on alone, and meets the failure itself
+            logger.info("run %s: the shared writer stopped: %s", ids.run_id, exc)
+        finally:
+            self._retire()
+            if self.clients:
+                metrics.HANDBACKS.tally.add(("failed",), len(self.clients))
+            for client in list(self.clients):
+                self._release(client, Outcome("resume", client.cursor))
+            if watcher is not None and self._watch is not None:
+                watcher.unwatch(self._watch)
+            if subscription is not None:
+                subscription.close()
+
+    def _follow(self, subscription: Any, ping_interval: float, idle_timeout: float) -> None:
+        clock = time.monotonic
+        pending: StreamMessage | None = None
+        while self.clients:
+            if pending is not None:
+                item: Any = pending
+                pending = None
+            else:
+                due = min(self._last_write + ping_interval, self._idle_deadline(idle_timeout))
+                item = subscription.receive(timeout=max(due - clock(), 0.0))
+            if item is None:
+                now = clock()
+                self._end_idle(now, idle_timeout)
+                if now - self._last_write >= ping_interval and self.clients:
+                    self._last_write = now
+                    for client in list(self.clients):
+                        self._push(client, PING, client.cursor, ends=False)
+                continue
+            if item is CLOSED:
+                self._end_all()
+                return
+            batch = [item]
+            closed = False
+            while len(batch) < COALESCE:
+                following = subscription.receive(timeout=0)
+                if following is None:
+                    break
+                if following is CLOSED:
+                    closed = True
+                    break
+                batch.append(following)
+            framed = [self._framed(message) for message in batch]
+            stale_pause = False
+            if not closed and len(batch) == COALESCE and framed[-1].name == PAUSED:
+                # As for a client reading alone: a pause already followed by the resumed run's events ends nobody.
+                following = subscription.receive(timeout=0)
+                if following is CLOSED:
+                    closed = True
+                elif following is not None:
+                    pending, stale_pause = following, True
+            self._last_event = self._last_write = clock()
+            delivery = _Delivery(framed, pause_ends=not stale_pause)
+            for client in list(self.clients):
+                self._send_events(client, delivery)
+            if closed:
+                self._end_all()
+                return
+
+    def _framed(self, message: StreamMessage) -> _Framed:
+        cursor = message.cursor
+        assert cursor is not None  # a durable stream's records all have one
+        name = event_name(message.payload)
+        event = StreamEvent(name or "", message.payload, cursor, message.stored)
+        framed = _Framed(cursor, name, event_message(event, self._sealer.seal_bytes), event)
+        number = self._ring_start + len(self._ring)
+        self._ring.append(framed)
+        self._sequence[cursor] = number
+        if len(self._ring) >= 2 * RING:
+            for dropped in self._ring[:RING]:
+                del self._sequence[dropped.cursor]
+            del self._ring[:RING]
+            self._ring_start += RING
+        self.position = cursor
+        return framed
+
+    def _send_events(self, client: Follower, delivery: _Delivery) -> None:
+        data, cursor, ends = delivery.for_client(client)
+        if delivery.lag_sample is not None and metrics.enabled():
+            observe_lag(delivery.lag_sample)
+        self._push(client, data, cursor, ends=ends)
+
+    def _push(self, client: Follower, data: bytes, cursor: TopicCursor | None, *, ends: bool) -> None:
+        """Write ``data`` to ``client`` without waiting; what does not fit goes back to its greenlet."""
+        wire = b"%X\r\n%b\r\n" % (len(data), data) if client.chunked else data
+        try:
+            sent = client.socket.send(wire, 0, 0.0)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._release(client, GONE)
+            return
+        if sent < len(wire):
+            metrics.HANDBACKS.tally.add(("slow",))
+            self._release(client, Outcome("ended" if ends else "resume", cursor, wire[sent:]))
+        elif ends:
+            self._release(client, ENDED)
+        else:
+            client.cursor = cursor
+
+    def _release(self, client: Follower, outcome: Outcome) -> None:
+        if self.clients.pop(client, False) is not None:
+            return  # not one of ours any more
+        client.writer = None
+        metrics.STREAMS_OPEN.tally.add(_TRANSPORT, -1)
+        from gevent import get_hub
+
+        get_hub().loop.run_callback(client.waiter.switch, outcome)
+
+    def _idle_deadline(self, idle_timeout: float) -> float:
+        first = next(iter(self.clients), None)  # the one that joined first times out first
+        return max(first.joined_at if first else 0.0, self._last_event) + idle_timeout
+
+    def _end_idle(self, now: float, idle_timeout: float) -> None:
+        for client in list(self.clients):
+            if max(client.joined_at, self._last_event) + idle_timeout > now:
+                break
+            self._release(client, ENDED)
+
+    def _end_all(self) -> None:
+        """The topic ended: each client gets the watcher's final event if it ended the stream, then ends."""
+        final = None if self._watch is None else self._watch.final_event()
+        message = None if final is None else sse_message(encode_event(final))
+        for client in list(self.clients):
+            if message is None:
+                self._release(client, ENDED)
+            else:
+                self._push(client, message, client.cursor, ends=True)
+
+    def _retire(self) -> None:
+        self.alive = False
+        self._registry.forget(self)
+        metrics.WRITERS_OPEN.tally.add((), -1)
+
+
+class SharedWriters:
+    """This process's writers, by topic, app and user."""
+
+    def __init__(self, app: Flask, *, ping_interval: float, idle_timeout: float) -> None:
+        self._app = app
+        self._ping_interval, self._idle_timeout = ping_interval, idle_timeout
+        self._writers: dict[tuple[str, bytes], TopicWriter] = {}
+
+    def join(
+        self, key: tuple[str, bytes], client: Follower, cursor: TopicCursor, ids: RunIds, sealer: StreamSealer
+    ) -> bool:
+        """Have the topic's writer serve ``client`` after ``cursor``; start one there if there is none."""
+        writer = self._writers.get(key)
+        if writer is not None:
+            return writer.join(client, cursor)
+        import gevent
+
+        writer = TopicWriter(self, key, ids, sealer, cursor)
+        self._writers[key] = writer
+        metrics.WRITERS_OPEN.tally.add(())
+        writer.join(client, cursor)
+        gevent.spawn(writer.run, self._app, self._ping_interval, self._idle_timeout)
+        return True
+
+    def forget(self, writer: TopicWriter) -> None:
+        if self._writers.get(writer.key) is writer:
+            del self._writers[writer.key]
+
+    def __len__(self) -> int:
+        return len(self._writers)
+
+
+def shared_writers(app: Flask) -> SharedWriters:
+    registry: SharedWriters | None = app.extensions.get(EXTENSION_KEY)
+    if registry is None:
+        config = app.config["APP_CONFIG"]
+        registry = SharedWriters(app, ping_interval=config.SSE_PING_INTERVAL, idle_timeout=config.SSE_IDLE_TIMEOUT)
+        app.extensions[EXTENSION_KEY] = registry
+    return registry
+
+
+def writable_socket(environ: dict[str, Any]) -> Any | None:
+    """The client's socket, when this response may be written by a shared writer: served by gunicorn
+    on gevent, in the clear (a TLS socket cannot take a partial write back), with a body."""
+    socket = environ.get("gunicorn.socket")
+    if socket is None or isinstance(socket, ssl.SSLSocket) or environ.get("REQUEST_METHOD") == "HEAD":
+        return None
+    if not type(socket).__module__.startswith("gevent"):
+        return None
+    return socket
+
+
+def shared_body(
+    events: EventStream,
+    *,
+    writers: SharedWriters,
+    socket: Any,
+    chunked: bool,
+    ids: RunIds,
+    sealer: StreamSealer,
+    continue_on_pause: bool,
+) -> Generator[bytes, None, None]:
+    """The SSE bytes of ``events`` until the client is level with the topic's writer, then the writer's.
+
+    Handed back (a full socket buffer, a failed writer), the client writes the rest itself and reads
+    on alone from where it is, until it can join again.
+    """
+    key = (ids.topic, sealer.binding)
+    client = Follower(socket, chunked=chunked, continue_on_pause=continue_on_pause)
+    items: EventStream | None = events
+    try:
+        while items is not None:
+            joined = False
+            try:
+                for item in items:
+                    yield sse_chunk(item, sealer.seal_bytes)
+                    cursor = _joinable_at(item, client)
+                    del item  # not kept while the next one is awaited
+                    if cursor is not None and writers.join(key, client, cursor, ids, sealer):
+                        joined = True
+                        break
+            finally:
+                items.close()
+            items = None
+            if not joined:
+                return
+            outcome: Outcome = client.waiter.get()
+            if outcome.rest:
+                try:
+                    socket.sendall(outcome.rest)
+                except OSError:
+                    return
+            if outcome.kind == "resume" and outcome.cursor is not None:
+                items = follow(ids, outcome.cursor, continue_on_pause=continue_on_pause)
+    finally:
+        if items is not None:
+            items.close()
+        if client.writer is not None:
+            client.writer.leave(client)
+
+
+def _joinable_at(item: StreamItem, client: Follower) -> TopicCursor | None:
+    """The position after ``item`` if the client's stream goes on after it (so it may join a writer there)."""
+    last = item if isinstance(item, StreamEvent) else item.events[-1] if isinstance(item, EventBatch) else None
+    if last is None or client.ends_with(last.event):
+        return None
+    return last.cursor
