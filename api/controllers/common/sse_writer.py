@@ -145,6 +145,7 @@ class TopicWriter:
         self._last_event = time.monotonic()
         self._last_write = self._last_event
         self._watch: StreamWatch | None = None
+        self._stale_pause = False  # the last event delivered is a pause already followed by more
 
     # Called from clients' greenlets.
 
@@ -163,7 +164,7 @@ class TopicWriter:
         self.clients[client] = None
         metrics.STREAMS_OPEN.tally.add(_TRANSPORT)
         if missed:
-            self._send_events(client, _Delivery(missed, pause_ends=True))
+            self._send_events(client, _Delivery(missed, pause_ends=not self._stale_pause))
         return True
 
     def leave(self, client: Follower) -> None:
@@ -243,6 +244,7 @@ class TopicWriter:
                 elif following is not None:
                     pending, stale_pause = following, True
             self._last_event = self._last_write = clock()
+            self._stale_pause = stale_pause
             delivery = _Delivery(framed, pause_ends=not stale_pause)
             for client in list(self.clients):
                 self._send_events(client, delivery)
