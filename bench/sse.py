@@ -265,6 +265,7 @@ def measure(
     streams: str = "redis",
     directory: pathlib.Path | None = None,
     extra_env: dict[str, str] | None = None,
+    access_log: bool = True,
 ) -> dict[str, Any]:
     """One row: a fresh stack, ``clients`` clients over ``runs`` paused runs, idle, then streaming."""
     raise_open_files()
@@ -291,6 +292,7 @@ def measure(
                     *(() if profile_dir is None else ("--config", "python:tools.profile_worker_conf")),
                 ],
                 celery_app="bench.sse_probe:celery",
+                access_log=access_log,
             )
         )
         server = served.servers[0]
@@ -393,6 +395,7 @@ def measure(
             "cpu_us_per_probe": round(worker_cpu / received * 1e6, 1) if received else float("nan"),
             "events": events,
             "lockstep": lockstep,
+            "access_log": access_log,
             "worker_cpu_share_streaming": round(worker_cpu / stream_wall, 3),
             "stream_seconds": round(stream_wall, 1),
             "rss_per_connection_kb": round((rss_connected - rss_before) / 1024 / max(1, connected), 1),
@@ -535,6 +538,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the durable mode's stream store: the private Redis, a private PostgreSQL, or an SQLite file",
     )
     parser.add_argument("--no-charts", action="store_true")
+    parser.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="serve without gunicorn's access log, as bin/run and compose do (5xx then counted by the clients only)",
+    )
     parser.add_argument("--tag", default="", help="suffix of the results file (sse-<date>-<tag>.json)")
     args = parser.parse_args(argv)
 
@@ -571,6 +579,7 @@ def main(argv: list[str] | None = None) -> None:
                         streams=args.streams,
                         load_processes=args.load_processes,
                         extra_env=extra_env,
+                        access_log=not args.no_access_log,
                     )
                 except Exception as exc:  # one size failing must not lose the others
                     row = {"mode": mode, "clients": count, "failed": f"{type(exc).__name__}: {exc}"[:300]}

@@ -45,9 +45,12 @@ class GunicornServer:
         workers: int = 2,
         name: str = "api",
         extra_args: Sequence[str] = (),
+        access_log: bool = True,
     ) -> None:
         self.env = dict(env)
         self.workers = workers
+        #: Without an access log (as bin/run and compose serve), :meth:`statuses` knows no answers.
+        self.access_log_enabled = access_log
         #: More gunicorn options (they win over api/gunicorn_conf.py), e.g. ``--worker-connections``.
         self.extra_args = list(extra_args)
         self.port = free_port()
@@ -75,10 +78,11 @@ class GunicornServer:
                 "5",
                 # Every master would otherwise bind the one control socket in $HOME, the last one winning.
                 "--no-control-socket",
-                "--access-logfile",
-                str(self.access_log),
-                "--access-logformat",
-                ACCESS_LOG_FORMAT,
+                *(
+                    ("--access-logfile", str(self.access_log), "--access-logformat", ACCESS_LOG_FORMAT)
+                    if self.access_log_enabled
+                    else ()
+                ),
                 *self.extra_args,
                 "api.app:app",
             ],
@@ -202,11 +206,19 @@ class ServedStack:
         celery_concurrency: int = 8,
         server_args: Sequence[str] = (),
         celery_app: str = CELERY_APP,
+        access_log: bool = True,
     ) -> None:
         self.env = dict(env)
         self.directory = directory
         self.servers = [
-            GunicornServer(self.env, directory, workers=workers_per_server, name=f"api-{index}", extra_args=server_args)
+            GunicornServer(
+                self.env,
+                directory,
+                workers=workers_per_server,
+                name=f"api-{index}",
+                extra_args=server_args,
+                access_log=access_log,
+            )
             for index in range(servers)
         ]
         self._celery_app = celery_app
