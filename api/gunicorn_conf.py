@@ -45,10 +45,16 @@ def post_worker_init(worker: Any) -> None:
     worker.log.info("gc.freeze(): %d start-up objects are no longer scanned by the cyclic GC", gc.get_freeze_count())
     threshold = os.environ.get("GC_PAUSE_LOG_MS")
     if threshold:
-        gc.callbacks.append(_pause_logger(worker.log, float(threshold) / 1000))
+        try:
+            milliseconds = float(threshold)
+        except ValueError:
+            worker.log.warning("GC_PAUSE_LOG_MS=%r is not a number of milliseconds: no GC pause log", threshold)
+        else:
+            gc.callbacks.append(pause_logger(worker.log, milliseconds / 1000))
 
 
-def _pause_logger(log: Any, threshold: float) -> Any:
+def pause_logger(log: Any, threshold: float) -> Any:
+    """A ``gc.callbacks`` entry that logs full collections taking ``threshold`` seconds or more."""
     import time
 
     started = [0.0]

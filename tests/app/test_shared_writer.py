@@ -14,12 +14,15 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import gevent.socket
 import pytest
 import requests
 
+from api.controllers.common.sse_writer import writable_socket
 from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, connect
+from api.gunicorn_conf import pause_logger
 from harness.app_env import base_env
 from harness.redis_server import RedisServer, free_port
 from harness.served_stack import ServedStack
@@ -292,3 +295,30 @@ def test_a_store_failure_reaches_every_joined_client_as_an_error_event(stack: St
         stack.api.wait_for("workflow_sse_handbacks_total", failed_before + 2, reason="failed")
     finally:
         stack.store.start()
+
+
+def test_only_a_gunicorn_gevent_socket_in_the_clear_is_written_by_a_writer() -> None:
+    with gevent.socket.socket() as cooperative, socket.socket() as plain:
+        assert writable_socket({"gunicorn.socket": cooperative, "REQUEST_METHOD": "GET"}) is cooperative
+        assert writable_socket({"gunicorn.socket": cooperative, "REQUEST_METHOD": "HEAD"}) is None
+        assert writable_socket({"gunicorn.socket": plain, "REQUEST_METHOD": "GET"}) is None  # a sync worker
+        assert writable_socket({"REQUEST_METHOD": "GET"}) is None  # another server
+
+
+def test_the_gc_pause_log_names_only_slow_full_collections() -> None:
+    lines: list[str] = []
+
+    class Log:
+        def warning(self, message: str, *args: object) -> None:
+            lines.append(message % args)
+
+    on_collection = pause_logger(Log(), threshold=0.0)
+    on_collection("start", {"generation": 1, "collected": 0, "uncollectable": 0})
+    on_collection("stop", {"generation": 1, "collected": 3, "uncollectable": 0})
+    on_collection("start", {"generation": 2, "collected": 0, "uncollectable": 0})
+    on_collection("stop", {"generation": 2, "collected": 7, "uncollectable": 0})
+    assert len(lines) == 1 and lines[0].startswith("a full GC collection took") and "(7 objects collected)" in lines[0]
+    quiet = pause_logger(Log(), threshold=60.0)
+    quiet("start", {"generation": 2, "collected": 0, "uncollectable": 0})
+    quiet("stop", {"generation": 2, "collected": 1, "uncollectable": 0})
+    assert len(lines) == 1
