@@ -340,10 +340,16 @@ class SharedWriters:
         self, key: tuple[str, bytes], client: Follower, cursor: TopicCursor, ids: RunIds, sealer: StreamSealer
     ) -> bool:
         """Have the topic's writer serve ``client`` after ``cursor``; start one there if there is none."""
+        import gevent
+
         writer = self._writers.get(key)
         if writer is not None:
+            if writer.join(client, cursor):
+                return True
+            # The client may be a step ahead: the event it just sent woke the writer too, which has
+            # not run yet. Let it run once, or a client woken first every time would never join.
+            gevent.sleep(0)
             return writer.join(client, cursor)
-        import gevent
 
         writer = TopicWriter(self, key, ids, sealer, cursor)
         self._writers[key] = writer
