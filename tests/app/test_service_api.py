@@ -210,7 +210,9 @@ def test_a_failing_node_fails_the_run_and_seals(harness: AppHarness) -> None:
     body = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Gus"}, "user": "u1"}).json
     assert body["data"]["status"] == "failed" and body["data"]["error"] == "model overloaded"
     events = harness.events(body["workflow_run_id"])
-    assert events[-1]["data"]["status"] == "failed" and harness.topic_info(body["workflow_run_id"]).sealed
+    assert events[-1]["data"]["status"] == "failed"
+    # The answer comes with the end event; the seal that follows it may land a moment later.
+    wait_until(lambda: harness.topic_info(body["workflow_run_id"]).sealed, 10, "the failed run's topic to be sealed")
 
 
 def test_watchdog_timeout_stops_the_run(make_harness: Callable[..., AppHarness]) -> None:
