@@ -41,7 +41,13 @@ from flask import Flask
 from api.controllers.common.sse import PING, event_message, observe_lag, sse_chunk, sse_message
 from api.core.app.apps.event_codec import encode_event, event_name
 from api.core.app.apps.event_transport import StreamMessage
-from api.core.app.apps.message_generator import EventBatch, MessageGenerator, StreamEvent, StreamItem
+from api.core.app.apps.message_generator import (
+    EventBatch,
+    MessageGenerator,
+    StreamEvent,
+    StreamItem,
+    terminal_events,
+)
 from api.core.durable_stream import CLOSED, TopicCursor
 from api.extensions.ext_event_bus import event_transport
 from api.libs import log_context, metrics
@@ -73,21 +79,23 @@ ENDED, GONE = Outcome("ended"), Outcome("gone")
 class Follower:
     """One client's response while a writer serves it."""
 
-    __slots__ = ("chunked", "cursor", "ends_at_pause", "joined_at", "socket", "waiter", "writer")
+    __slots__ = ("chunked", "cursor", "ends_at_pause", "joined_at", "socket", "terminal", "waiter", "writer")
 
     def __init__(self, socket: Any, *, chunked: bool, continue_on_pause: bool) -> None:
         from gevent.hub import Waiter
 
         self.socket = socket
         self.chunked = chunked
-        self.ends_at_pause = not continue_on_pause
+        #: The events that end this client's stream, as for a client reading alone.
+        self.terminal = terminal_events(continue_on_pause)
+        self.ends_at_pause = PAUSED in self.terminal
         self.cursor: TopicCursor | None = None
         self.joined_at = 0.0
         self.waiter: Any = Waiter()
         self.writer: TopicWriter | None = None
 
     def ends_with(self, name: str | None) -> bool:
-        return name == FINISHED or (name == PAUSED and self.ends_at_pause)
+        return name in self.terminal
 
 
 class _Framed(NamedTuple):
@@ -361,9 +369,6 @@ class SharedWriters:
     def forget(self, writer: TopicWriter) -> None:
         if self._writers.get(writer.key) is writer:
             del self._writers[writer.key]
-
-    def __len__(self) -> int:
-        return len(self._writers)
 
 
 def shared_writers(app: Flask) -> SharedWriters:
