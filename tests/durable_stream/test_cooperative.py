@@ -70,6 +70,36 @@ SCENARIOS = textwrap.dedent(
     gevent.joinall(waiters, timeout=5)
     report["many_woken"] = sum(1 for r in results if r)
 
+    # Deadlines filed out of order end each wait at its own; one ended early by set() disturbs nothing.
+    ended = {}
+    def timed(name, timeout, target):
+        started = time.monotonic()
+        target.wait(timeout)
+        ended[name] = time.monotonic() - started
+    early = new_wake()
+    timed_waits = [
+        gevent.spawn(timed, "late", 0.3, new_wake()),
+        gevent.spawn(timed, "early", 0.1, early),
+        gevent.spawn(timed, "first", 0.1, new_wake()),
+        gevent.spawn(timed, "middle", 0.2, new_wake()),
+    ]
+    gevent.sleep(0.02)
+    early.set()
+    gevent.joinall(timed_waits, timeout=5)
+    report["deadline_order"] = sorted(ended, key=ended.get)
+    report["deadline_elapsed"] = ended
+
+    # A long wait arms the hub's one timer for its deadline, not for a tick every few milliseconds;
+    # when no wait is left, no timer is.
+    long_wake = new_wake()
+    long_wait = gevent.spawn(long_wake.wait, 10.0)
+    gevent.sleep(0.05)
+    deadlines = long_wake._deadlines
+    report["armed_in"] = deadlines._armed * deadlines.RESOLUTION - time.monotonic()
+    long_wake.set()
+    long_wait.join()
+    report["timer_left"] = deadlines._timer is not None
+
     # A killed waiter leaves nothing behind.
     lonely = new_wake()
     victim = gevent.spawn(lonely.wait, 5.0)
@@ -123,6 +153,22 @@ def test_set_from_another_greenlet_wakes_the_waiter_without_blocking_the_hub(rep
 def test_set_from_a_native_thread_wakes_the_waiter(report: dict[str, object]) -> None:
     assert report["native_result"] is True
     assert float(report["native_elapsed"]) < 1.0  # type: ignore[arg-type]
+
+
+def test_deadlines_end_each_wait_at_its_own_in_any_filing_order(report: dict[str, object]) -> None:
+    assert report["deadline_order"] == ["early", "first", "middle", "late"]
+    elapsed = report["deadline_elapsed"]
+    assert isinstance(elapsed, dict)
+    assert elapsed["early"] < 0.09
+    for name, timeout in (("first", 0.1), ("middle", 0.2), ("late", 0.3)):
+        assert timeout <= elapsed[name] < timeout + 0.1, (name, elapsed[name])
+
+
+def test_a_long_wait_does_not_wake_the_hub_before_its_deadline(report: dict[str, object]) -> None:
+    armed_in = report["armed_in"]
+    assert isinstance(armed_in, float)
+    assert 9.0 < armed_in <= 10.0
+    assert report["timer_left"] is False
 
 
 def test_every_waiter_is_woken_and_a_killed_one_is_forgotten(report: dict[str, object]) -> None:

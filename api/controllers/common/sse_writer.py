@@ -110,28 +110,39 @@ class _Delivery:
     to the event that ends its stream (the run's end; for a client that stops at pauses, a pause
     that nothing follows yet)."""
 
-    __slots__ = ("_data", "_finished_at", "_framed", "_paused_last", "lag_sample")
+    __slots__ = ("_finished_at", "_framed", "_paused_last", "_wires", "lag_sample")
 
     def __init__(self, framed: list[_Framed], *, pause_ends: bool) -> None:
         self._framed = framed
         self._finished_at = next((index for index, item in enumerate(framed) if item.name == FINISHED), None)
         self._paused_last = pause_ends and framed[-1].name == PAUSED
-        self._data: dict[int, bytes] = {}
+        self._wires: dict[tuple[int, bool], bytes] = {}
         first = framed[0].event
         self.lag_sample = first if first.stored is not None else None
 
     def for_client(self, client: Follower) -> tuple[bytes, TopicCursor, bool]:
-        """The bytes for ``client``, the cursor of the last event in them, and whether they end its stream."""
+        """The bytes for ``client`` as written to its socket, the cursor of the last event in them, and
+        whether they end its stream."""
         end = self._finished_at
         if end is None and self._paused_last and client.ends_at_pause:
             end = len(self._framed) - 1
         last = len(self._framed) - 1 if end is None else end
-        data = self._data.get(last)
-        if data is None:
+        key = (last, client.chunked)
+        wire = self._wires.get(key)
+        if wire is None:
             framed = self._framed
             data = framed[0].message if last == 0 else b"".join([item.message for item in framed[: last + 1]])
-            self._data[last] = data
-        return data, self._framed[last].cursor, end is not None
+            wire = self._wires[key] = _wire(data, client.chunked)
+        return wire, self._framed[last].cursor, end is not None
+
+
+def _wire(data: bytes, chunked: bool) -> bytes:
+    """``data`` as written to the socket: one HTTP/1.1 chunk, or bare for HTTP/1.0."""
+    return b"%X\r\n%b\r\n" % (len(data), data) if chunked else data
+
+
+def _both_wires(data: bytes) -> dict[bool, bytes]:
+    return {True: _wire(data, True), False: data}
 
 
 class TopicWriter:
@@ -226,8 +237,9 @@ class TopicWriter:
                 self._end_idle(now, idle_timeout)
                 if now - self._last_write >= ping_interval and self.clients:
                     self._last_write = now
+                    pings = _both_wires(PING)
                     for client in list(self.clients):
-                        self._push(client, PING, client.cursor, ends=False)
+                        self._push(client, pings[client.chunked], client.cursor, ends=False)
                 continue
             if item is CLOSED:
                 self._end_all()
@@ -278,14 +290,13 @@ class TopicWriter:
         return framed
 
     def _send_events(self, client: Follower, delivery: _Delivery) -> None:
-        data, cursor, ends = delivery.for_client(client)
+        wire, cursor, ends = delivery.for_client(client)
         if delivery.lag_sample is not None and metrics.enabled():
             observe_lag(delivery.lag_sample)
-        self._push(client, data, cursor, ends=ends)
+        self._push(client, wire, cursor, ends=ends)
 
-    def _push(self, client: Follower, data: bytes, cursor: TopicCursor | None, *, ends: bool) -> None:
-        """Write ``data`` to ``client`` without waiting; what does not fit goes back to its greenlet."""
-        wire = b"%X\r\n%b\r\n" % (len(data), data) if client.chunked else data
+    def _push(self, client: Follower, wire: bytes, cursor: TopicCursor | None, *, ends: bool) -> None:
+        """Write ``wire`` (framed for the client) without waiting; what does not fit goes back to its greenlet."""
         try:
             sent = client.socket.send(wire, 0, 0.0)
         except BlockingIOError:
@@ -323,12 +334,12 @@ class TopicWriter:
     def _end_all(self) -> None:
         """The topic ended: each client gets the watcher's final event if it ended the stream, then ends."""
         final = None if self._watch is None else self._watch.final_event()
-        message = None if final is None else sse_message(encode_event(final))
+        wires = None if final is None else _both_wires(sse_message(encode_event(final)))
         for client in list(self.clients):
-            if message is None:
+            if wires is None:
                 self._release(client, ENDED)
             else:
-                self._push(client, message, client.cursor, ends=True)
+                self._push(client, wires[client.chunked], client.cursor, ends=True)
 
     def _retire(self) -> None:
         self.alive = False

@@ -13,8 +13,8 @@ made by :func:`new_wake`:
 - Under gevent, a :class:`HubWake`: the patched ``Event.wait(timeout)`` arms a ``gevent.Timeout``
   whose expiry is an exception thrown into the waiting greenlet, which costs about three times the
   wake-up itself; an API worker with thousands of idle SSE streams would spend most of its CPU
-  there. A ``HubWake`` parks a reused ``Waiter`` instead and leaves its timeout to one repeating
-  hub timer shared by every wake of the hub (:class:`_Deadlines`).
+  there. A ``HubWake`` parks a reused ``Waiter`` instead and leaves its timeout to one hub
+  timer shared by every wake of the hub, armed for the earliest deadline (:class:`_Deadlines`).
 """
 
 from __future__ import annotations
@@ -248,11 +248,16 @@ class HubWake:
 
 
 class _Deadlines:
-    """The timeouts of every :class:`HubWake` of one hub, kept by one repeating timer.
+    """The timeouts of every :class:`HubWake` of one hub, kept by one timer armed for the earliest.
 
-    Waits are filed under the tick (of ``RESOLUTION`` seconds) their deadline falls in; the timer
-    runs only while some wait has a deadline, and at each tick wakes the waits filed under the ticks
-    that have passed. Filing and unfiling a wait allocates nothing once its tick's set exists.
+    Waits are filed under the tick (of ``RESOLUTION`` seconds) their deadline falls in, so that
+    deadlines close together share one wake-up of the hub. One one-shot timer is armed for the
+    earliest tick that still has waits; when it fires it wakes the waits of every tick that has
+    passed and re-arms for the next. A tick whose waits all ended early (woken by ``set``) is left
+    in the heap and skipped when the timer gets there: re-arming on every early end would cost a
+    timer per wake-up on the delivery path. An idle hub is not woken at all: with no deadline
+    pending there is no timer. Filing and unfiling a wait allocates nothing once its tick's set
+    exists.
     """
 
     RESOLUTION = 0.005
@@ -273,8 +278,9 @@ class _Deadlines:
         self._clock = time.monotonic
         self._push, self._pop = heapq.heappush, heapq.heappop
         self._slots: dict[int, set[HubWake]] = {}
-        self._ticks: list[int] = []  # a heap of the keys of _slots
+        self._ticks: list[int] = []  # a heap of the keys of _slots (and of ticks emptied since)
         self._timer: Any = None
+        self._armed = 0  # the tick the timer is armed for
 
     def add(self, wake: HubWake, timeout: float) -> int:
         tick = int((self._clock() + max(timeout, 0.0)) / self.RESOLUTION) + 1
@@ -283,9 +289,8 @@ class _Deadlines:
             slot = self._slots[tick] = set()
             self._push(self._ticks, tick)
         slot.add(wake)
-        if self._timer is None:
-            self._timer = self._loop.timer(self.RESOLUTION, self.RESOLUTION)
-            self._timer.start(self._fire)
+        if self._timer is None or tick < self._armed:
+            self._arm(tick)
         return tick
 
     def discard(self, wake: HubWake, tick: int) -> None:
@@ -293,21 +298,35 @@ class _Deadlines:
         if slot is not None:
             slot.discard(wake)
             if not slot:
-                del self._slots[tick]  # its entry in the heap goes when the tick passes
+                del self._slots[tick]  # its entry in the heap goes when the timer gets there
+                if not self._slots and self._timer is not None:
+                    # Nothing waits with a deadline: no timer (an idle hub must be able to exit).
+                    self._timer.close()
+                    self._timer = None
+                    self._ticks.clear()
+
+    def _arm(self, tick: int) -> None:
+        if self._timer is not None:
+            self._timer.close()
+        # The loop's cached time may lag the clock; a timer that fires before its tick re-arms.
+        self._timer = self._loop.timer(max(tick * self.RESOLUTION - self._clock(), 0.0))
+        self._timer.start(self._fire)
+        self._armed = tick
 
     def _fire(self) -> None:
+        self._timer.close()
+        self._timer = None
         now = int(self._clock() / self.RESOLUTION)
-        ticks = self._ticks
+        ticks, slots = self._ticks, self._slots
         while ticks and ticks[0] <= now:
-            slot = self._slots.pop(self._pop(ticks), None)
+            slot = slots.pop(self._pop(ticks), None)
             if slot:
                 for wake in slot:
                     wake._wake_all(False)
-        if not self._slots and self._timer is not None:
-            # Nothing waits with a deadline: stop ticking (an idle hub must be able to exit).
-            ticks.clear()
-            self._timer.close()
-            self._timer = None
+        while ticks and ticks[0] not in slots:
+            self._pop(ticks)
+        if ticks:
+            self._arm(ticks[0])
 
 
 class _GeventParts:
