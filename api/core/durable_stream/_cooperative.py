@@ -257,7 +257,7 @@ class _Deadlines:
     in the heap and skipped when the timer gets there: re-arming on every early end would cost a
     timer per wake-up on the delivery path. An idle hub is not woken at all: with no deadline
     pending there is no timer. Filing and unfiling a wait allocates nothing once its tick's set
-    exists.
+    exists, unless its deadline is the earliest (then a new timer is armed for it).
     """
 
     RESOLUTION = 0.005
