@@ -145,6 +145,9 @@ def _both_wires(data: bytes) -> dict[bool, bytes]:
     return {True: _wire(data, True), False: data}
 
 
+_PING_WIRES = _both_wires(PING)
+
+
 class TopicWriter:
     """The writer of one topic (and the run and user its clients are bound to) in this process."""
 
@@ -237,9 +240,8 @@ class TopicWriter:
                 self._end_idle(now, idle_timeout)
                 if now - self._last_write >= ping_interval and self.clients:
                     self._last_write = now
-                    pings = _both_wires(PING)
                     for client in list(self.clients):
-                        self._push(client, pings[client.chunked], client.cursor, ends=False)
+                        self._push(client, _PING_WIRES[client.chunked], client.cursor, ends=False)
                 continue
             if item is CLOSED:
                 self._end_all()
