@@ -352,6 +352,7 @@ def measure(
         for part in done:
             for index, values in part.get("by_probe", {}).items():
                 by_probe.setdefault(int(index), []).extend(tenths / 10 for tenths in values)
+        closes = [tenths / 10 for part in done for tenths in part.get("close_delays", [])]
         received = sum(part.get("received", 0) for part in done)
         events = sum(part.get("events", 0) for part in done)
         statuses: dict[str, int] = {}
@@ -363,6 +364,7 @@ def measure(
             "connect": sum(part.get("connect_errors", 0) for part in done),
             "broken": sum(part.get("broken", 0) for part in done),
             "unfinished": sum(part.get("unfinished", 0) for part in done),
+            "unclosed": sum(part.get("unclosed", 0) for part in done),
             "missing": sum(part.get("missing", 0) for part in done),
             "duplicated": sum(part.get("duplicated", 0) for part in done),
             "out_of_order": sum(part.get("out_of_order", 0) for part in done),
@@ -390,6 +392,10 @@ def measure(
             if by_probe
             else [],
             # Every event the streaming phase delivered (the probes and the resumed runs' other events).
+            # From a client's workflow_finished to the server closing its stream.
+            "close_ms_p50_p99_max": [round(percentile(closes, q), 1) for q in (0.5, 0.99)] + [round(max(closes), 1)]
+            if closes
+            else [],
             "cpu_us_per_delivery": round(worker_cpu / events * 1e6, 1) if events else float("nan"),
             "kernel_share_of_cpu": round(worker_system / worker_cpu, 2) if worker_cpu else float("nan"),
             "cpu_us_per_probe": round(worker_cpu / received * 1e6, 1) if received else float("nan"),

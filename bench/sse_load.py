@@ -7,12 +7,14 @@ Started as ``python -m bench.sse_load`` with a JSON job on stdin::
 Each client sends ``GET /v1/workflow/<task_id>/events?user=…&continue_on_pause=true`` as HTTP/1.0
 (the body is then the plain SSE text, ended by the server closing the connection), reads the lines
 and looks only at what it needs: the probe tokens (``"text":"pN@<stamp>"`` in a ``text_chunk``) and
-the ``workflow_finished`` that ends the run. A client costs one socket, one ``StreamReader`` and a
-few counters, so a few processes hold thousands of clients without being the bottleneck.
+the ``workflow_finished`` that ends the run, after which it reads on to the server's close. A client
+costs one socket, one ``StreamReader`` and a few counters, so a few processes hold thousands of
+clients without being the bottleneck.
 
 Prints one JSON line when every client has its answer's headers (``{"ready": …}``), and one when all
 are done or the deadline passed (``{"done": …}``): counts of answers, order checks, and the
-latencies in tenths of a millisecond (receive ``time.time()`` - the producer's stamp).
+latencies in tenths of a millisecond (receive ``time.time()`` - the producer's stamp), and the delays
+from each ``workflow_finished`` to the close.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class Totals:
         self.broken = 0  # the connection failed after the headers
         self.unfinished = 0  # EOF or deadline before workflow_finished
         self.finished = 0
+        #: From a stream's ``workflow_finished`` to the server closing it, in tenths of a millisecond.
+        self.close_delays: list[int] = []
+        self.closing = 0  # finished, the close not seen yet
         self.received = 0
         #: Every event (data message) after the run's pause, probes and the resumed run's other events:
         #: what the streaming phase delivers (the replay up to the pause comes before it).
@@ -117,6 +122,15 @@ async def follow(
                 elif line.startswith(b'data: {"event":"workflow_finished"'):
                     totals.missing += max(0, job["tokens"] - expected)
                     totals.finished += 1
+                    finished_at = time.monotonic()
+                    totals.closing += 1
+                    try:
+                        while await reader.read(1 << 16):
+                            pass
+                    finally:  # still counted as closing if the deadline cancels it
+                        if not asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                            totals.closing -= 1
+                    totals.close_delays.append(round((time.monotonic() - finished_at) * 10000))
                     return
         except OSError:
             totals.broken += 1
@@ -149,7 +163,7 @@ async def main_async(job: dict[str, Any]) -> None:
     _, pending = await asyncio.wait(tasks, timeout=max(1.0, deadline - time.monotonic()))
     for task in pending:
         task.cancel()
-    totals.unfinished += len(pending)
+    totals.unfinished += len(pending) - totals.closing
     print(
         json.dumps(
             {
@@ -158,6 +172,8 @@ async def main_async(job: dict[str, Any]) -> None:
                 "connect_errors": totals.connect_errors,
                 "broken": totals.broken,
                 "unfinished": totals.unfinished,
+                "unclosed": totals.closing,
+                "close_delays": totals.close_delays,
                 "finished": totals.finished,
                 "received": totals.received,
                 "events": totals.events,

@@ -11,14 +11,24 @@ import json
 import pathlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import gevent.socket
 import pytest
 import requests
+from flask import Flask
 
-from api.controllers.common.sse_writer import writable_socket
+from api.controllers.common.sse_writer import (
+    ENDED,
+    FINISH_BATCH,
+    FINISH_PATIENCE,
+    Follower,
+    Outcome,
+    SharedWriters,
+    writable_socket,
+)
 from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, connect
@@ -303,6 +313,53 @@ def test_only_a_gunicorn_gevent_socket_in_the_clear_is_written_by_a_writer() -> 
         assert writable_socket({"gunicorn.socket": cooperative, "REQUEST_METHOD": "HEAD"}) is None
         assert writable_socket({"gunicorn.socket": plain, "REQUEST_METHOD": "GET"}) is None  # a sync worker
         assert writable_socket({"REQUEST_METHOD": "GET"}) is None  # another server
+
+
+def test_ended_responses_close_in_batches_after_the_events_due() -> None:
+    """A run's end ends all its clients at once; their closes must not hold up other runs' events."""
+    writers = SharedWriters(Flask(__name__), ping_interval=10, idle_timeout=600)
+    clients = [Follower(None, chunked=True, continue_on_pause=True) for _ in range(2 * FINISH_BATCH + 1)]
+    order: list[Any] = []
+    loop = gevent.get_hub().loop
+
+    def ending(index: int, client: Follower) -> None:
+        outcome: Outcome = client.waiter.get()
+        order.append((index, outcome.kind))
+        if index == 0:  # a run's next event, due while the first batch is being ended
+            loop.run_callback(order.append, "next event")
+
+    greenlets = [gevent.spawn(ending, index, client) for index, client in enumerate(clients)]
+    gevent.sleep(0)  # every client parked, as under a writer
+    for client in clients:
+        writers.finish(client, ENDED)
+    loop.run_callback(order.append, "event")
+    assert gevent.joinall(greenlets, timeout=10) and all(greenlet.successful() for greenlet in greenlets)
+
+    assert order[0] == "event"  # nothing is ended before what was due
+    assert order.index("next event") == 1 + FINISH_BATCH  # the next batch waits for it
+    assert [entry for entry in order if isinstance(entry, tuple)] == [(index, "ended") for index in range(len(clients))]
+
+
+def test_a_worker_that_is_never_idle_still_ends_responses() -> None:
+    writers = SharedWriters(Flask(__name__), ping_interval=10, idle_timeout=600)
+    client = Follower(None, chunked=True, continue_on_pause=True)
+    ended: list[float] = []
+    busy_until = time.monotonic() + 2.0
+
+    def busy() -> None:  # always something due: the loop is never idle
+        while time.monotonic() < busy_until:
+            gevent.sleep(0)
+
+    def ending() -> None:
+        client.waiter.get()
+        ended.append(time.monotonic())
+
+    greenlets = [gevent.spawn(busy), gevent.spawn(ending)]
+    gevent.sleep(0)
+    started = time.monotonic()
+    writers.finish(client, ENDED)
+    assert gevent.joinall(greenlets, timeout=10)
+    assert ended and ended[0] - started < 10 * FINISH_PATIENCE  # not when the worker is idle again, 2 s on
 
 
 def test_the_gc_pause_log_names_only_slow_full_collections() -> None:

@@ -8,7 +8,9 @@ with the topic's writer; then it *joins* the writer and its greenlet parks. The 
 one subscription of the topic in this process, frames and seals each event once (every client of a
 topic is bound to the same run and user, so the token is theirs too) and writes the same bytes to
 every joined client's socket without waiting for any of them. It pings them, ends them at their
-terminal event or idle timeout, and hands the watcher's final event to them.
+terminal event or idle timeout, and hands the watcher's final event to them. The responses it ends
+are closed when the worker has nothing else to do (:meth:`SharedWriters.finish`): a run's end must
+not hold up the events of the others.
 
 Nothing is lost or repeated on the way in or out:
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 import logging
 import ssl
 import time
+from collections import deque
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
@@ -59,6 +62,10 @@ logger = logging.getLogger(__name__)
 
 #: Events a writer keeps after delivering them, so that a client slightly behind can still join.
 RING = 128
+#: Clients whose responses end woken at a time, whenever the worker has nothing else to do, or
+#: after FINISH_PATIENCE seconds if it never has (a saturated worker still closes its streams).
+FINISH_BATCH = 32
+FINISH_PATIENCE = 0.1
 FINISHED, PAUSED = "workflow_finished", "workflow_paused"
 _TRANSPORT = ("durable_stream",)
 EXTENSION_KEY = "sse_writers"
@@ -319,9 +326,12 @@ class TopicWriter:
             return  # not one of ours any more
         client.writer = None
         metrics.STREAMS_OPEN.tally.add(_TRANSPORT, -1)
-        from gevent import get_hub
+        if outcome.kind == "resume" or outcome.rest:  # it has events to write: at once
+            from gevent import get_hub
 
-        get_hub().loop.run_callback(client.waiter.switch, outcome)
+            get_hub().loop.run_callback(client.waiter.switch, outcome)
+        else:
+            self._registry.finish(client, outcome)
 
     def _idle_deadline(self, idle_timeout: float) -> float:
         first = next(iter(self.clients), None)  # the one that joined first times out first
@@ -356,6 +366,8 @@ class SharedWriters:
         self._app = app
         self._ping_interval, self._idle_timeout = ping_interval, idle_timeout
         self._writers: dict[tuple[str, bytes], TopicWriter] = {}
+        self._finishing: deque[tuple[Follower, Outcome]] = deque()
+        self._finisher: Any = None
 
     def join(
         self, key: tuple[str, bytes], client: Follower, cursor: TopicCursor, ids: RunIds, sealer: StreamSealer
@@ -382,6 +394,37 @@ class SharedWriters:
     def forget(self, writer: TopicWriter) -> None:
         if self._writers.get(writer.key) is writer:
             del self._writers[writer.key]
+
+    def finish(self, client: Follower, outcome: Outcome) -> None:
+        """Wake ``client`` to end its response, once the worker is idle.
+
+        Ending a response (gunicorn's last chunk, access log line and close, the request's teardown)
+        costs far more than writing an event, and a run's end ends all its clients at once: woken
+        together, thousands of endings would delay the next events of every other run by as long as
+        they take. Its last bytes are already written, so the client only waits for the close.
+        """
+        self._finishing.append((client, outcome))
+        if self._finisher is None:
+            import gevent
+
+            self._finisher = gevent.spawn(self._finish_all)
+
+    def _finish_all(self) -> None:
+        import gevent
+
+        loop = gevent.get_hub().loop
+        try:
+            while self._finishing:
+                with gevent.Timeout(FINISH_PATIENCE, False):
+                    gevent.idle()  # the events due go first; the endings woken last time have run
+                for _ in range(min(FINISH_BATCH, len(self._finishing))):
+                    client, outcome = self._finishing.popleft()
+                    loop.run_callback(client.waiter.switch, outcome)
+        finally:
+            self._finisher = None
+            while self._finishing:  # killed (the worker is stopping): nobody is left parked
+                client, outcome = self._finishing.popleft()
+                loop.run_callback(client.waiter.switch, outcome)
 
 
 def shared_writers(app: Flask) -> SharedWriters:
