@@ -12,6 +12,8 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
 - It also turns off gevent's greenlet-tree tracking (unless ``GEVENT_TRACK_GREENLET_TREE`` is set): with
   it, every connection's greenlet keeps a copy of the stack that spawned it (about nine frame records
   and their lists), long-lived objects the cyclic GC would scan for as long as the stream is open.
+- ``logger_class`` is gunicorn's logger with access lines that compute only the atoms their format
+  names (``api.gunicorn_logging``): gunicorn's own builds every atom for every request.
 - With ``GC_PAUSE_LOG_MS`` set, every collection of the oldest generation that takes longer than that
   many milliseconds is logged (a pause of every stream of the worker while it runs).
 - With ``API_METRICS_BIND`` set, the master empties ``METRICS_DIR/api`` before any worker starts,
@@ -32,6 +34,7 @@ worker_connections = int(os.environ.get("WEB_WORKER_CONNECTIONS") or DEFAULT_WOR
 #: The access log (when one is asked for) without query strings or headers: ``?last_event_id=`` is a
 #: resume token, and no credential or token belongs in a log.
 access_log_format = '%(h)s "%(m)s %(U)s" %(s)s %(B)s %(M)sms'
+logger_class = "api.gunicorn_logging.AccessLogger"
 
 
 def post_worker_init(worker: Any) -> None:

@@ -1,0 +1,110 @@
+"""gunicorn's logger, with access lines that compute only the atoms their format names.
+
+gunicorn's own ``Logger.access`` builds every atom for every request before formatting the line: the
+time in Apache's format (a ``strftime`` with the zone), a dict of every request and response header
+and environ entry, then a quoted copy of all of it. For a line of six atoms that is about 70 µs of a
+worker's CPU per request; when a run ends, all its SSE clients' requests end at once, and at 10,000
+clients the access lines alone took a worker over a second (``docs/benchmarks.md``, "Ending
+responses off the delivery path"). :class:`AccessLogger` computes each atom when the format asks for
+it, with gunicorn's meanings and quoting; anything it does not know is answered by gunicorn's own
+atoms, built once for that line.
+
+Used through ``logger_class`` in ``api.gunicorn_conf``; the format is still ``access_log_format``.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+from gunicorn import glogging
+
+
+class LazyAtoms(Mapping[str, Any]):
+    """One access line's atoms, each computed when the format looks it up.
+
+    An atom gunicorn does not define reads ``-``, and a ``"`` in a text atom is escaped, as with
+    gunicorn's ``SafeAtoms``.
+    """
+
+    __slots__ = ("_full", "_logger", "environ", "req", "request_time", "resp")
+
+    resp: Any
+    req: Any
+    environ: dict[str, Any]
+    request_time: timedelta
+
+    def __init__(
+        self, logger: glogging.Logger, resp: Any, req: Any, environ: dict[str, Any], request_time: timedelta
+    ) -> None:
+        self._logger = logger
+        self.resp, self.req, self.environ, self.request_time = resp, req, environ, request_time
+        self._full: Mapping[str, Any] | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        compute = _ATOMS.get(key)
+        if compute is None:  # the time, the user, a header or environ entry: gunicorn's own atoms
+            if self._full is None:
+                full = self._logger.atoms(self.resp, self.req, self.environ, self.request_time)
+                self._full = self._logger.atoms_wrapper_class(full)
+            return self._full[key]
+        value = compute(self)
+        return value.replace('"', '\\"') if isinstance(value, str) else value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_ATOMS)
+
+    def __len__(self) -> int:
+        # Never 0: logging takes a single non-empty mapping argument as the format's mapping.
+        return len(_ATOMS)
+
+
+def _status(atoms: LazyAtoms) -> Any:
+    status = atoms.resp.status
+    return status.split(None, 1)[0] if isinstance(status, str) else status
+
+
+def _sent(atoms: LazyAtoms) -> Any:
+    return getattr(atoms.resp, "sent", None)
+
+
+def _request_line(atoms: LazyAtoms) -> str:
+    environ = atoms.environ
+    return f"{environ['REQUEST_METHOD']} {environ['RAW_URI']} {environ['SERVER_PROTOCOL']}"
+
+
+#: gunicorn's atoms that cost next to nothing, as ``gunicorn.glogging.Logger.atoms`` defines them.
+_ATOMS: dict[str, Callable[[LazyAtoms], Any]] = {
+    "h": lambda atoms: atoms.environ.get("REMOTE_ADDR", "-"),
+    "l": lambda atoms: "-",
+    "r": _request_line,
+    "s": _status,
+    "m": lambda atoms: atoms.environ.get("REQUEST_METHOD"),
+    "U": lambda atoms: atoms.environ.get("PATH_INFO"),
+    "q": lambda atoms: atoms.environ.get("QUERY_STRING"),
+    "H": lambda atoms: atoms.environ.get("SERVER_PROTOCOL"),
+    "b": lambda atoms: "-" if _sent(atoms) is None else str(_sent(atoms)),
+    "B": _sent,
+    "f": lambda atoms: atoms.environ.get("HTTP_REFERER", "-"),
+    "a": lambda atoms: atoms.environ.get("HTTP_USER_AGENT", "-"),
+    "T": lambda atoms: atoms.request_time.seconds,
+    "D": lambda atoms: atoms.request_time.seconds * 1_000_000 + atoms.request_time.microseconds,
+    "M": lambda atoms: atoms.request_time.seconds * 1000 + int(atoms.request_time.microseconds / 1000),
+    "L": lambda atoms: f"{atoms.request_time.seconds}.{atoms.request_time.microseconds:06d}",
+    "p": lambda atoms: f"<{os.getpid()}>",
+}
+
+
+class AccessLogger(glogging.Logger):  # type: ignore[misc]  # gunicorn is untyped
+    """gunicorn's logger; its access lines compute only the atoms their format names."""
+
+    def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: timedelta) -> None:
+        if not self.access_log_enabled:
+            return
+        try:
+            self.access_log.info(self.cfg.access_log_format, LazyAtoms(self, resp, req, environ, request_time))
+        except Exception:  # as gunicorn does: a broken format must not fail the request
+            self.error(traceback.format_exc())

@@ -1,0 +1,71 @@
+"""The access logger of ``api.gunicorn_conf`` writes the lines gunicorn's own would, atom for atom."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from gunicorn import glogging
+from gunicorn.config import Config
+
+from api.gunicorn_logging import AccessLogger
+
+EVERY_ATOM = " ".join(
+    f"%({name})s" for name in ("h", "l", "u", "r", "s", "m", "U", "q", "H", "b", "B", "f", "a", "T", "D", "M", "L", "p")
+)
+HEADERS_AND_ENVIRON = '%({user-agent}i)s %({X-Trace}i)s %({content-type}o)s %({remote_addr}e)s %(zz)s "%(U)s"'
+
+
+def _request(path: str = '/v1/workflow/a"b/events') -> tuple[Any, Any, dict[str, Any], timedelta]:
+    environ = {
+        "REMOTE_ADDR": "127.0.0.1",
+        "REQUEST_METHOD": "GET",
+        "RAW_URI": f"{path}?user=u",
+        "PATH_INFO": path,
+        "QUERY_STRING": "user=u",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "HTTP_USER_AGENT": 'curl/8 "quoted"',
+    }
+    req = SimpleNamespace(headers=[("USER-AGENT", 'curl/8 "quoted"'), ("X-TRACE", "t-1")])
+    resp = SimpleNamespace(status="200 OK", sent=1234, headers=[("Content-Type", "text/event-stream")])
+    return resp, req, environ, timedelta(seconds=2, microseconds=345_678)
+
+
+def _line(logger_class: type[glogging.Logger], directory: pathlib.Path, fmt: str, request: Any) -> str:
+    path = directory / f"{logger_class.__name__}.log"
+    config = Config()
+    config.set("accesslog", str(path))
+    config.set("access_log_format", fmt)
+    logger = logger_class(config)
+    try:
+        logger.access(*request)
+    finally:
+        for handler in logger.access_log.handlers:
+            handler.close()
+        logger.access_log.handlers.clear()
+    return path.read_text()
+
+
+@pytest.mark.parametrize("fmt", [EVERY_ATOM, HEADERS_AND_ENVIRON, '%(h)s "%(m)s %(U)s" %(s)s %(B)s %(M)sms'])
+def test_access_lines_are_gunicorns(tmp_path: pathlib.Path, fmt: str) -> None:
+    request = _request()
+    ours = _line(AccessLogger, tmp_path, fmt, request)
+    assert ours == _line(glogging.Logger, tmp_path, fmt, request)
+    assert ours.count("\n") == 1 and '\\"' in ours  # quotes escaped, as gunicorn does
+
+
+def test_the_time_atom_and_a_status_given_as_a_number(tmp_path: pathlib.Path) -> None:
+    resp, req, environ, took = _request("/health")
+    resp.status = 503
+    line = _line(AccessLogger, tmp_path, "%(t)s %(s)s %(b)s", (resp, req, environ, took))
+    assert re.fullmatch(r"\[\d{2}/\w{3}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}\] 503 1234\n", line), line
+
+
+def test_a_broken_format_fails_the_line_not_the_request(tmp_path: pathlib.Path) -> None:
+    # A number format for a text atom: logging reports it on stderr, as with gunicorn's logger.
+    assert _line(AccessLogger, tmp_path, "%(h)d", _request()) == ""
+    assert _line(glogging.Logger, tmp_path, "%(h)d", _request()) == ""
