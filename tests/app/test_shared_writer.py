@@ -20,10 +20,9 @@ import pytest
 import requests
 from flask import Flask
 
+from api.controllers.common.sse_endings import BATCH, PATIENCE
 from api.controllers.common.sse_writer import (
     ENDED,
-    FINISH_BATCH,
-    FINISH_PATIENCE,
     Follower,
     Outcome,
     SharedWriters,
@@ -318,7 +317,7 @@ def test_only_a_gunicorn_gevent_socket_in_the_clear_is_written_by_a_writer() -> 
 def test_ended_responses_close_in_batches_after_the_events_due() -> None:
     """A run's end ends all its clients at once; their closes must not hold up other runs' events."""
     writers = SharedWriters(Flask(__name__), ping_interval=10, idle_timeout=600)
-    clients = [Follower(None, chunked=True, continue_on_pause=True) for _ in range(2 * FINISH_BATCH + 1)]
+    clients = [Follower(None, chunked=True, continue_on_pause=True) for _ in range(2 * BATCH + 1)]
     order: list[Any] = []
     loop = gevent.get_hub().loop
 
@@ -336,7 +335,7 @@ def test_ended_responses_close_in_batches_after_the_events_due() -> None:
     assert gevent.joinall(greenlets, timeout=10) and all(greenlet.successful() for greenlet in greenlets)
 
     assert order[0] == "event"  # nothing is ended before what was due
-    assert order.index("next event") == 1 + FINISH_BATCH  # the next batch waits for it
+    assert order.index("next event") == 1 + BATCH  # the next batch waits for it
     assert [entry for entry in order if isinstance(entry, tuple)] == [(index, "ended") for index in range(len(clients))]
 
 
@@ -359,7 +358,7 @@ def test_a_worker_that_is_never_idle_still_ends_responses() -> None:
     started = time.monotonic()
     writers.finish(client, ENDED)
     assert gevent.joinall(greenlets, timeout=10)
-    assert ended and ended[0] - started < 10 * FINISH_PATIENCE  # not when the worker is idle again, 2 s on
+    assert ended and ended[0] - started < 10 * PATIENCE  # not when the worker is idle again, 2 s on
 
 
 def test_the_gc_pause_log_names_only_slow_full_collections() -> None:

@@ -9,8 +9,8 @@ one subscription of the topic in this process, frames and seals each event once 
 topic is bound to the same run and user, so the token is theirs too) and writes the same bytes to
 every joined client's socket without waiting for any of them. It pings them, ends them at their
 terminal event or idle timeout, and hands the watcher's final event to them. The responses it ends
-are closed when the worker has nothing else to do (:meth:`SharedWriters.finish`): a run's end must
-not hold up the events of the others.
+are closed when the worker has nothing else to do (``sse_endings``): a run's end must not hold up
+the events of the others.
 
 Nothing is lost or repeated on the way in or out:
 
@@ -35,13 +35,13 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from collections import deque
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
 from flask import Flask
 
 from api.controllers.common.sse import PING, event_message, observe_lag, sse_chunk, sse_message
+from api.controllers.common.sse_endings import EndingLane
 from api.core.app.apps.event_codec import encode_event, event_name
 from api.core.app.apps.event_transport import StreamMessage
 from api.core.app.apps.message_generator import (
@@ -62,10 +62,6 @@ logger = logging.getLogger(__name__)
 
 #: Events a writer keeps after delivering them, so that a client slightly behind can still join.
 RING = 128
-#: Clients whose responses end woken at a time, whenever the worker has nothing else to do, or
-#: after FINISH_PATIENCE seconds if it never has (a saturated worker still closes its streams).
-FINISH_BATCH = 32
-FINISH_PATIENCE = 0.1
 FINISHED, PAUSED = "workflow_finished", "workflow_paused"
 _TRANSPORT = ("durable_stream",)
 EXTENSION_KEY = "sse_writers"
@@ -366,8 +362,7 @@ class SharedWriters:
         self._app = app
         self._ping_interval, self._idle_timeout = ping_interval, idle_timeout
         self._writers: dict[tuple[str, bytes], TopicWriter] = {}
-        self._finishing: deque[tuple[Follower, Outcome]] = deque()
-        self._finisher: Any = None
+        self._endings = EndingLane()
 
     def join(
         self, key: tuple[str, bytes], client: Follower, cursor: TopicCursor, ids: RunIds, sealer: StreamSealer
@@ -396,35 +391,8 @@ class SharedWriters:
             del self._writers[writer.key]
 
     def finish(self, client: Follower, outcome: Outcome) -> None:
-        """Wake ``client`` to end its response, once the worker is idle.
-
-        Ending a response (gunicorn's last chunk, access log line and close, the request's teardown)
-        costs far more than writing an event, and a run's end ends all its clients at once: woken
-        together, thousands of endings would delay the next events of every other run by as long as
-        they take. Its last bytes are already written, so the client only waits for the close.
-        """
-        self._finishing.append((client, outcome))
-        if self._finisher is None:
-            import gevent
-
-            self._finisher = gevent.spawn(self._finish_all)
-
-    def _finish_all(self) -> None:
-        import gevent
-
-        loop = gevent.get_hub().loop
-        try:
-            while self._finishing:
-                with gevent.Timeout(FINISH_PATIENCE, False):
-                    gevent.idle()  # the events due go first; the endings woken last time have run
-                for _ in range(min(FINISH_BATCH, len(self._finishing))):
-                    client, outcome = self._finishing.popleft()
-                    loop.run_callback(client.waiter.switch, outcome)
-        finally:
-            self._finisher = None
-            while self._finishing:  # killed (the worker is stopping): nobody is left parked
-                client, outcome = self._finishing.popleft()
-                loop.run_callback(client.waiter.switch, outcome)
+        """Wake ``client`` with ``outcome`` to end its response, in its turn (``sse_endings``)."""
+        self._endings.add(client.waiter.switch, outcome)
 
 
 def shared_writers(app: Flask) -> SharedWriters:
