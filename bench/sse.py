@@ -391,11 +391,11 @@ def measure(
             ]
             if by_probe
             else [],
-            # Every event the streaming phase delivered (the probes and the resumed runs' other events).
             # From a client's workflow_finished to the server closing its stream.
             "close_ms_p50_p99_max": [round(percentile(closes, q), 1) for q in (0.5, 0.99)] + [round(max(closes), 1)]
             if closes
             else [],
+            # Every event the streaming phase delivered (the probes and the resumed runs' other events).
             "cpu_us_per_delivery": round(worker_cpu / events * 1e6, 1) if events else float("nan"),
             "kernel_share_of_cpu": round(worker_system / worker_cpu, 2) if worker_cpu else float("nan"),
             "cpu_us_per_probe": round(worker_cpu / received * 1e6, 1) if received else float("nan"),
