@@ -52,6 +52,10 @@ def _connect_when_ready(url: str, **options: Any) -> DurableStreamBackend:
 
 
 class TestNatsClusterContract(DurableStreamContract):
+    # Every append is replicated to three servers: the bulk tests (20,000 appends) take over a
+    # minute on 2 cores and went past the default 120 s once on a busy machine.
+    pytestmark = pytest.mark.timeout(300)
+
     @pytest.fixture(autouse=True)
     def _cluster(self, nats_cluster: NatsCluster) -> None:
         self._url = nats_cluster.url
