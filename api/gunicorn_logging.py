@@ -86,7 +86,7 @@ _ATOMS: dict[str, Callable[[LazyAtoms], Any]] = {
     "U": lambda atoms: atoms.environ.get("PATH_INFO"),
     "q": lambda atoms: atoms.environ.get("QUERY_STRING"),
     "H": lambda atoms: atoms.environ.get("SERVER_PROTOCOL"),
-    "b": lambda atoms: "-" if _sent(atoms) is None else str(_sent(atoms)),
+    "b": lambda atoms: "-" if (sent := _sent(atoms)) is None else str(sent),
     "B": _sent,
     "f": lambda atoms: atoms.environ.get("HTTP_REFERER", "-"),
     "a": lambda atoms: atoms.environ.get("HTTP_USER_AGENT", "-"),
