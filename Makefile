@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install chromium lint docs test test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
+.PHONY: install chromium node-deps lint docs test test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
 
 install: $(STAMP)
 
@@ -25,6 +25,17 @@ chromium:
 	@test -x $(CHROMIUM) || { echo "installing Debian's chromium for tests/browser"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@test -x $(CHROMIUM) || { echo "$(CHROMIUM) is still missing: install Debian's chromium package"; exit 1; }
+
+# Dify's official Node SDK, exactly as locked, for tests/app/test_dify_node_sdk.py. npm ci writes
+# node_modules/.package-lock.json, which serves as the stamp: reinstalled only when the lockfile is newer.
+NODE_DEPS := tests/dify_sdk
+NODE_STAMP := $(NODE_DEPS)/node_modules/.package-lock.json
+
+node-deps: $(NODE_STAMP)
+
+$(NODE_STAMP): $(NODE_DEPS)/package-lock.json
+	npm ci --no-audit --no-fund --prefix $(NODE_DEPS)
+	touch $@
 
 lint: install
 	$(BIN)/ruff check api tests bench harness tools sdk
@@ -47,7 +58,7 @@ XDIST_WORKERS ?= 3
 
 test: lint chromium test-threads test-gevent
 
-test-threads: install chromium
+test-threads: install chromium node-deps
 	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile
 
 # Two gevent-patched pytest processes side by side (the contracts of the stores on this machine's shared

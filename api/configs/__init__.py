@@ -88,6 +88,18 @@ class AppConfig(BaseSettings):
         default=600, description="Seconds between the reaper's enforce_retention() sweeps; 0 never sweeps."
     )
 
+    HUMAN_INPUT_FORM_TIMEOUT: float = Field(
+        default=3 * 24 * 3600,
+        gt=0,
+        description="Seconds a human-input form waits for its answer when its node sets no 'timeout'; then the "
+        "run resumes with human_input_form_timeout and fails.",
+    )
+    IDEMPOTENCY_KEY_TTL: float = Field(
+        default=24 * 3600,
+        ge=24 * 3600,
+        description="Seconds an Idempotency-Key of POST /workflows/run is remembered (at least a day).",
+    )
+
     MAX_REQUEST_BODY_BYTES: int = Field(
         default=1 << 20, ge=1, description="Largest request body accepted, chunked or not (413 beyond)."
     )

@@ -52,6 +52,16 @@ def stream_url_with_retention(config: AppConfig) -> str:
     return f"{url}{'&' if '?' in url else '?'}max_age_seconds={config.DURABLE_STREAM_MAX_AGE_SECONDS:g}"
 
 
+def retention_max_age(config: AppConfig) -> float | None:
+    """Seconds after which retention removes a record, or ``None`` when records are kept for ever."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(stream_url_with_retention(config)).query)
+    try:
+        max_age = float(query["max_age_seconds"][-1])
+    except (KeyError, IndexError, ValueError):
+        return None
+    return max_age if max_age > 0 else None
+
+
 def durable_stream() -> DurableStreamBackend:
     extension: DurableStreamExtension = current_app.extensions["durable_stream"]
     return extension.backend

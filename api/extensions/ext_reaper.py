@@ -2,7 +2,8 @@
 
 Each sweep (every ``WORKFLOW_REAPER_INTERVAL`` seconds, with jitter so that several workers spread
 out) fails runs whose lease expired or whose queued attempt was never started, and writes the
-pending ends of terminal runs (:func:`api.services.run_recovery.reap`). Every
+pending ends of terminal runs (:func:`api.services.run_recovery.reap`); it also expires human-input
+forms whose time is up (their runs resume with the timeout) and forgets old idempotency keys. Every
 ``DURABLE_STREAM_RETENTION_INTERVAL`` seconds it also calls the stream store's
 ``enforce_retention()``. Sweeps from several workers at once are harmless: every change they make
 is a conditional update that one of them wins.
@@ -65,6 +66,21 @@ class Reaper:
                 logger.warning("reaper: %s", report)
         except Exception:  # the database or the stream store is away: try again next time
             logger.exception("reaper: the sweep failed")
+        finally:
+            db.session.remove()
+        self._sweep_forms_and_keys()
+
+    def _sweep_forms_and_keys(self) -> None:
+        from api.models.engine import db
+        from api.services import human_input_service, idempotency
+
+        try:
+            expired = human_input_service.expire_overdue()
+            if expired:
+                logger.warning("reaper: %d human-input form(s) expired", expired)
+            idempotency.purge_expired()
+        except Exception:
+            logger.exception("reaper: the sweep of forms and idempotency keys failed")
         finally:
             db.session.remove()
 

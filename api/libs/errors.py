@@ -43,6 +43,18 @@ class ConflictError(ServiceError):
     code = "conflict"
 
 
+class PreconditionFailedError(ServiceError):
+    """The thing exists but is past the state the request needs (a form already answered or expired)."""
+
+    status = 412
+    code = "precondition_failed"
+
+
+class UnprocessableError(ServiceError):
+    status = 422
+    code = "unprocessable"
+
+
 class GoneError(ServiceError):
     status = 410
     code = "gone"

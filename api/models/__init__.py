@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from .human_input import HumanInputForm, HumanInputFormStatus, IdempotencyKey
 from .model import App
 from .workflow import WorkflowRun, WorkflowRunStatus
 
-__all__ = ["App", "WorkflowRun", "WorkflowRunStatus"]
+__all__ = [
+    "App",
+    "HumanInputForm",
+    "HumanInputFormStatus",
+    "IdempotencyKey",
+    "WorkflowRun",
+    "WorkflowRunStatus",
+]

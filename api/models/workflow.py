@@ -40,6 +40,8 @@ class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
     #: Engine state saved at a pause (variable pool, paused node); cleared when the run ends.
     state_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     total_steps: Mapped[int] = mapped_column(Integer, default=0)
+    #: The simulated model's tokens over the run (recorded at each pause and at the end).
+    total_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     #: Unix time until which the executing worker holds the run; renewed while it executes.
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)

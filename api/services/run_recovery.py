@@ -61,7 +61,13 @@ def _config() -> AppConfig:
 
 def started_event_of(app: App, run: WorkflowRun) -> dict[str, Any]:
     """A ``workflow_started`` for a run that ends before its worker sent one."""
-    data = {"id": run.id, "workflow_id": app.id, "inputs": run.inputs, "created_at": int(run.created_timestamp)}
+    data = {
+        "id": run.id,
+        "workflow_id": app.id,
+        "inputs": run.inputs,
+        "created_at": int(run.created_timestamp),
+        "reason": "initial",
+    }
     return make_event("workflow_started", task_id=run.task_id, workflow_run_id=run.id, data=data)
 
 
@@ -75,6 +81,7 @@ def finished_event_of(run: WorkflowRun) -> dict[str, Any]:
         outputs=run.outputs,
         error=run.error,
         steps=run.total_steps,
+        tokens=run.total_tokens or 0,
         created_at=run.created_timestamp,
         finished_at=run.finished_timestamp,
     )

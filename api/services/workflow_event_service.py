@@ -1,18 +1,24 @@
 """Event streams for clients: streaming runs and reconnects, as domain items.
 
 The functions here yield :data:`~api.core.app.apps.message_generator.StreamItem` values — a run's
-events with their name, payload bytes as stored and cursor, pings, and notices (``run_created``,
-``error``) — and know nothing of SSE or resume tokens: the HTTP edge (``api.controllers.common``)
-frames the items and seals each cursor into the ``id:`` of its event.
+events with their name, payload bytes as stored and cursor, pings, and notices (``error``) — and
+know nothing of SSE or resume tokens: the HTTP edge (``api.controllers.common``) frames the items
+and seals each cursor into the ``id:`` of its event.
+
+Where a reader without a cursor starts is Dify's rule: from the current tail (what happens next),
+or with a snapshot from the beginning of the retained run; see :func:`reconnect`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
 from flask import current_app
+from sqlalchemy import select
 
 from api.configs import AppConfig
 from api.core.app.apps.event_codec import encode_event, event_name
@@ -29,10 +35,11 @@ from api.core.app.apps.message_generator import (
     terminal_events,
 )
 from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, DurableStreamError, TopicCursor
+from api.extensions.ext_durable_stream import retention_max_age
 from api.extensions.ext_event_bus import event_transport
 from api.libs import log_context, metrics
 from api.libs.errors import GoneError, ServiceUnavailableError
-from api.models import App, WorkflowRun
+from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
 from . import run_recovery
@@ -74,8 +81,8 @@ def run_headers(run: WorkflowRun) -> dict[str, str]:
 def run_streaming(app: App, run: WorkflowRun) -> EventStream:
     """Subscribe at the tail, then dispatch, then stream: no event of the run can be missed.
 
-    The first item names the task and run (``run_created``), so a client that drops before the
-    first event can still reconnect.
+    The ids a client needs to reconnect travel in the response headers (:func:`run_headers`), so
+    the stream itself carries only the run's events, as Dify's clients expect.
 
     Raises:
         ServiceUnavailableError: The stream store or the task queue is unavailable; the run failed.
@@ -94,14 +101,11 @@ def run_streaming(app: App, run: WorkflowRun) -> EventStream:
     except BaseException:
         subscription.close()
         raise
-    created = {"event": "run_created", "task_id": run.task_id, "workflow_run_id": run.id}
-    return _preceded(Notice("run_created", encode_event(created)), RunIds.of(app, run), subscription)
+    return _closing(_events(RunIds.of(app, run), subscription, continue_on_pause=False), subscription)
 
 
-def _preceded(first: Notice, ids: RunIds, subscription: EventSubscription) -> EventStream:
-    events = _events(ids, subscription, continue_on_pause=False)
+def _closing(events: EventStream, subscription: EventSubscription) -> EventStream:
     try:
-        yield first
         yield from events
     finally:
         # Also when the client left before the events began (the inner generator never started).
@@ -109,8 +113,11 @@ def _preceded(first: Notice, ids: RunIds, subscription: EventSubscription) -> Ev
         subscription.close()
 
 
-def reconnect(app: App, run: WorkflowRun, *, cursor: TopicCursor | None, continue_on_pause: bool) -> EventStream:
-    """Resume strictly after ``cursor``; without one, replay the whole retained run.
+def reconnect(
+    app: App, run: WorkflowRun, *, cursor: TopicCursor | None, continue_on_pause: bool, snapshot: bool = True
+) -> EventStream:
+    """Resume strictly after ``cursor``; without one, replay the whole retained run (``snapshot``) or
+    follow it from the current tail — for a run that has ended, its ``workflow_finished`` alone.
 
     Raises:
         GoneError: (410) ``resume_cursor_expired``: the cursor is genuine but its position is gone;
@@ -124,6 +131,8 @@ def reconnect(app: App, run: WorkflowRun, *, cursor: TopicCursor | None, continu
     if not transport.resumable:
         cursor = None
     try:
+        if cursor is None and not snapshot:
+            return _tail(app, run, transport, name, continue_on_pause=continue_on_pause)
         return _open(app, run, transport, name, cursor, continue_on_pause=continue_on_pause)
     except CursorUnavailableError as exc:
         raise _gone(run, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE) from exc
@@ -149,9 +158,11 @@ def _open(
         IncompleteRunError: Without a cursor, the retained events are not the run's whole history.
         DurableStreamError: The stream store failed.
     """
-    if run.run_status.is_terminal and cursor is None:
+    if run.run_status.is_terminal and cursor is None and transport.resumable:
         info = transport.topic_info(name)
         if info is None or info.length == 0:
+            if _events_lost(run):
+                raise IncompleteRunError(f"the events of run {run.id} are gone before retention could remove them")
             return _only(PING, _event_of_row(run))
     subscription = MessageGenerator.retrieve_events(transport, name, StartAt.BEGINNING if cursor is None else cursor)
     first: StreamMessage | Closed | None = None
@@ -177,6 +188,37 @@ def _open(
         first=first,
         first_event="workflow_started" if from_start else None,
     )
+
+
+def _events_lost(run: WorkflowRun) -> bool:
+    """Whether a finished run's events vanished rather than aged out: it stored some (it knows their
+    topic's incarnation) and retention could not have removed them yet."""
+    if run.stream_epoch is None:
+        return False
+    max_age = retention_max_age(_config())
+    finished = run.finished_timestamp or run.created_timestamp
+    return max_age is None or time.time() - finished < max_age
+
+
+def _tail(
+    app: App, run: WorkflowRun, transport: WorkflowEventTransport, name: str, *, continue_on_pause: bool
+) -> EventStream:
+    """What happens next in the run, from the topic's current end (Dify's start without a snapshot)."""
+    if run.run_status.is_terminal:
+        return _only(PING, _event_of_row(run))
+    subscription = MessageGenerator.retrieve_events(transport, name, StartAt.TAIL)
+    try:
+        subscription.__enter__()
+        # The run may have ended between reading its row and subscribing: then its end is behind the tail.
+        latest = db.session.get(WorkflowRun, run.id)
+        db.session.commit()
+    except BaseException:
+        subscription.close()
+        raise
+    if latest is not None and latest.run_status.is_terminal:
+        subscription.close()
+        return _only(PING, _event_of_row(latest))
+    return _events(RunIds.of(app, run), subscription, continue_on_pause=continue_on_pause)
 
 
 def _only(*items: StreamItem) -> EventStream:
@@ -265,6 +307,7 @@ def _events(
             first=first,
             first_event=first_event,
             coalesce=COALESCE,
+            pause_moved_past=lambda payload: pause_moved_past(run_id, payload),
         )
         first = None  # delivered by `events`; this frame must not keep it for the stream's life
         yield from events
@@ -279,6 +322,28 @@ def _events(
         watcher.unwatch(watch)
         subscription.close()
         binding.__exit__(None, None, None)
+
+
+def pause_moved_past(run_id: str, payload: bytes) -> bool:
+    """Whether the run has left the pause ``payload`` announced: its row is no longer paused, or paused
+    at another form (a later pause). A form answered a moment ago resumes the run before its worker
+    writes anything, and a reader replaying the run must not end at the pause it left."""
+    with db.engine.connect() as connection:
+        row = connection.execute(
+            select(WorkflowRun.status, WorkflowRun.state_json).where(WorkflowRun.id == run_id)
+        ).first()
+    if row is None:
+        return False
+    status, state_json = row
+    if status != WorkflowRunStatus.PAUSED.value:
+        return True
+    try:
+        reasons = json.loads(payload)["data"].get("reasons") or []
+        announced = reasons[0]["form_id"] if reasons else None
+        current = (json.loads(state_json or "{}").get("form") or {}).get("form_id")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return announced is not None and current is not None and announced != current
 
 
 def _error_notice(run_id: str, code: str, message: str, status: int) -> Notice:

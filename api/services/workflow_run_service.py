@@ -8,20 +8,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from flask import current_app
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from api.configs import AppConfig
-from api.core.app.apps import run_store
+from api.core.app.apps import form_store, run_store
 from api.core.app.apps.event_codec import event_name
 from api.core.app.apps.message_generator import MessageGenerator, StartAt
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, DurableStreamError
 from api.core.workflow import Graph
-from api.core.workflow.errors import NodeRunError
-from api.core.workflow.nodes import validate_form
 from api.extensions.ext_event_bus import event_transport
 from api.libs.errors import (
-    ConflictError,
     InvalidParamError,
     NotFoundError,
     RunWaitTimeoutError,
@@ -63,7 +60,8 @@ def parse_run_request(app: App, payload: Any) -> tuple[dict[str, Any], str, str]
     return dict(inputs), user, mode
 
 
-def create_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
+def new_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
+    """A run row, added to the session but not committed."""
     run = WorkflowRun(
         app_id=app.id,
         end_user=user,
@@ -72,6 +70,11 @@ def create_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
         dispatched_at=time.time(),
     )
     db.session.add(run)
+    return run
+
+
+def create_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
+    run = new_run(app, inputs, user)
     db.session.commit()
     return run
 
@@ -106,8 +109,9 @@ def abandon(run: WorkflowRun, error: str) -> None:
         run_recovery.repair_end(app, run)
 
 
-def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
-    """Dispatch and wait for the run to finish or pause, reading its own event stream.
+def run_blocking(app: App, run: WorkflowRun, *, replay: bool = False) -> dict[str, Any]:
+    """Dispatch and wait for the run to finish or pause, reading its own event stream; with ``replay``
+    (a retried request of the same ``Idempotency-Key``) the run was dispatched before: only wait.
 
     The row is authoritative (the worker records the outcome before the stream's end), so while the
     stream is quiet the row is checked too, together with the run's lease and start deadline: a run
@@ -116,14 +120,16 @@ def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
     config = _config()
     deadline = time.monotonic() + config.BLOCKING_RESPONSE_TIMEOUT
     check_every = max(0.5, config.WORKFLOW_LEASE_TTL / 3)
-    next_check = time.monotonic() + check_every
-    dispatched = False
+    # A replay looks at the row at once: the run may have ended before the subscription began.
+    next_check = time.monotonic() + (0 if replay else check_every)
+    dispatched = replay
     try:
         # Subscribe before dispatching: the run cannot get ahead of the reader.
         reader = MessageGenerator.retrieve_events(event_transport(), topic_name(app, run), StartAt.TAIL)
         with reader as subscription:
-            dispatch(run)
-            dispatched = True
+            if not dispatched:
+                dispatch(run)
+                dispatched = True
             while (remaining := deadline - time.monotonic()) > 0:
                 record = subscription.receive(timeout=min(remaining, 1.0))
                 if record is CLOSED:
@@ -155,7 +161,34 @@ def run_blocking(app: App, run: WorkflowRun) -> dict[str, Any]:
 
 
 def blocking_response(run: WorkflowRun) -> dict[str, Any]:
-    return {"workflow_run_id": run.id, "task_id": run.task_id, "data": run_detail(run)}
+    """Dify's CompletionResponse; a paused run's also names the paused nodes and the forms they wait for."""
+    detail = run_detail(run)
+    data = {key: detail[key] for key in _BLOCKING_FIELDS}
+    if run.status == WorkflowRunStatus.PAUSED.value:
+        data.update(pause_details(run))
+    return {"workflow_run_id": run.id, "task_id": run.task_id, "data": data}
+
+
+_BLOCKING_FIELDS = (
+    "id",
+    "workflow_id",
+    "status",
+    "outputs",
+    "error",
+    "elapsed_time",
+    "total_tokens",
+    "total_steps",
+    "created_at",
+    "finished_at",
+)
+
+
+def pause_details(run: WorkflowRun) -> dict[str, Any]:
+    """``paused_nodes`` and ``reasons`` of a paused run, as its ``workflow_paused`` event told them."""
+    state = run.state_after_pause()
+    form = state.get("form")
+    reasons = [] if form is None else [{**form, "type": "human_input_required"}]
+    return {"paused_nodes": [state["node_id"]], "reasons": reasons}
 
 
 def run_detail(run: WorkflowRun) -> dict[str, Any]:
@@ -167,6 +200,7 @@ def run_detail(run: WorkflowRun) -> dict[str, Any]:
         "outputs": run.outputs,
         "error": run.error,
         "total_steps": run.total_steps,
+        "total_tokens": run.total_tokens or 0,
         "elapsed_time": round(run.elapsed_time, 6),
         "created_at": int(run.created_timestamp),
         "finished_at": int(run.finished_timestamp) if run.finished_timestamp else None,
@@ -184,12 +218,17 @@ def get_run(app: App, run_id: str, user: str | None) -> WorkflowRun:
     return run
 
 
-def get_run_by_task(app: App, task_id: str, user: str | None) -> WorkflowRun:
+def get_run_by_task(app: App, task_id: str, user: str | None, *, or_run_id: bool = False) -> WorkflowRun:
+    """The run of ``task_id``; with ``or_run_id``, ``task_id`` may also be the run's own id (Dify's
+    ``/workflow/<workflow_run_id>/events`` names the run, our earlier clients its task)."""
     if user is not None:
         require_user(user)
     if not could_be_our_id(task_id):
         raise NotFoundError("task not found", code="task_not_found")
-    run = db.session.execute(select(WorkflowRun).where(WorkflowRun.task_id == task_id)).scalar_one_or_none()
+    matches = WorkflowRun.task_id == task_id
+    if or_run_id:
+        matches = or_(matches, WorkflowRun.id == task_id)
+    run = db.session.execute(select(WorkflowRun).where(matches).limit(1)).scalars().first()
     if run is None or run.app_id != app.id or (user is not None and run.end_user != user):
         raise NotFoundError("task not found", code="task_not_found")
     return run
@@ -204,27 +243,6 @@ def stop_run(app: App, task_id: str, user: str) -> None:
     if run.status == WorkflowRunStatus.PAUSED.value and run_store.finish(
         run.id, "stopped", outputs=None, error="stopped by user", steps=run.total_steps, expected="paused"
     ):
+        form_store.close_run_forms(run.id)
         db.session.refresh(run)
         run_recovery.repair_end(app, run)  # a failure leaves the end pending for the reaper
-
-
-def submit_human_input(app: App, run_id: str, payload: Any) -> WorkflowRun:
-    if not isinstance(payload, Mapping):
-        raise InvalidParamError("the request body must be a JSON object")
-    user, form = require_user(payload.get("user")), payload.get("inputs", {})
-    if not isinstance(form, Mapping):
-        raise InvalidParamError("'inputs' must be an object")
-    run = get_run(app, run_id, user)
-    if run.status != WorkflowRunStatus.PAUSED.value:
-        raise ConflictError(f"the run is {run.status}, not paused", code="workflow_not_paused")
-    node = Graph(app.graph).nodes[run.state_after_pause()["node_id"]]
-    try:
-        validate_form(node, form)
-    except NodeRunError as exc:
-        raise InvalidParamError(str(exc)) from exc
-    if run_store.resume(run.id) is None:
-        raise ConflictError("the run was resumed or stopped concurrently", code="workflow_not_paused")
-    db.session.refresh(run)
-    dispatch(run, resume_form=form)
-    db.session.refresh(run)
-    return run

@@ -16,7 +16,7 @@ from sqlalchemy.exc import OperationalError
 
 from api.core.app.apps.workflow_app_runner import AttemptNotClaimedError, execute_run
 from api.extensions.ext_event_bus import event_transport
-from api.services import retention, run_recovery
+from api.services import human_input_service, idempotency, retention, run_recovery
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,10 @@ def resume_app_execution(workflow_run_id: str, form: dict[str, Any], attempt_id:
 @shared_task(name="reap_expired_workflow_runs", ignore_result=True)
 def reap_expired_workflow_runs() -> str:
     """One reaper sweep, for deployments that schedule it with Celery beat as well."""
-    return str(run_recovery.reap())
+    report = str(run_recovery.reap())
+    human_input_service.expire_overdue()
+    idempotency.purge_expired()
+    return report
 
 
 @shared_task(name="enforce_stream_retention", ignore_result=True)

@@ -72,7 +72,7 @@ def test_beat_scheduled_retention_removes_expired_events_and_a_late_client_gets_
                 return 0 if info is None else info.length
 
         stored = retained()
-        assert stored == len(messages) - 1  # every event but run_created
+        assert stored == len(messages)  # the stream is the run's events, nothing else
         expired_at = time.time() + MAX_AGE + 0.5
         wait_until(lambda: time.time() >= expired_at, MAX_AGE + 5, "the run's events are past retention")
         assert retained() == stored, "nothing but beat sweeps retention here"

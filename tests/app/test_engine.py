@@ -56,19 +56,53 @@ def test_linear_run_emits_events_in_order_with_the_app_shape() -> None:
 
 
 def test_if_else_takes_the_true_branch_and_pauses_for_human_input() -> None:
-    engine, events = run_engine(GREETING, {"name": "Ada", "mood": "formal"})
+    opened: list[dict[str, Any]] = []
+    engine, events = run_engine(
+        GREETING, {"name": "Ada", "mood": "formal"}, open_form=lambda node, form: opened.append(dict(form))
+    )
     assert names(events)[-2:] == ["human_input_required", "workflow_paused"]
-    assert events[-2]["data"]["form"][0]["name"] == "approved"
+    form = events[-2]["data"]
+    assert opened == [form]  # stored before any client could read its token
+    assert form["node_id"] == "approve" and form["node_title"] == "Approve the greeting"
+    assert [field["output_variable_name"] for field in form["inputs"]] == ["approved", "note"]
+    assert form["actions"] == [{"id": "submit", "title": "Submit", "button_style": "primary"}]
+    assert len(form["form_token"]) == 22 and form["expiration_time"] > time.time() + 2 * 24 * 3600
+    paused = events[-1]["data"]
+    assert paused["paused_nodes"] == ["approve"] and paused["reasons"] == [{**form, "type": "human_input_required"}]
+    assert paused["status"] == "paused" and paused["total_tokens"] > 0
     assert engine.outcome is not None and engine.outcome.status == "paused"
     state = json.loads(json.dumps(engine.outcome.state))  # the state survives a trip through the database
 
-    _resumed, more = run_engine(
-        GREETING, {"name": "Ada", "mood": "formal"}, resume=ResumePoint(state, {"approved": True})
-    )
-    assert names(more)[0] == "node_finished" and more[0]["data"]["node_id"] == "approve"
-    assert "workflow_started" not in names(more)
+    submission = {"kind": "submission", "inputs": {"approved": True}, "action": "submit"}
+    _resumed, more = run_engine(GREETING, {"name": "Ada", "mood": "formal"}, resume=ResumePoint(state, submission))
+    assert names(more)[:4] == ["workflow_started", "node_started", "human_input_form_filled", "node_finished"]
+    assert more[0]["data"]["reason"] == "resumption"
+    assert more[1]["data"]["node_id"] == more[3]["data"]["node_id"] == "approve"
+    assert more[1]["data"]["id"] == more[3]["data"]["id"]  # the same execution of the node, paused and resumed
+    filled = more[2]["data"]
+    assert filled["action_id"] == "submit" and filled["action_text"] == "Submit"
+    assert "approved: true" in filled["rendered_content"]
+    assert more[3]["data"]["outputs"]["__action_id"] == "submit"
     assert more[-1]["data"]["status"] == "succeeded"
     assert more[-1]["data"]["outputs"]["greeting"].endswith("(approved: true)")
+    # The tokens spent before the pause count in the run's total.
+    assert more[-1]["data"]["total_tokens"] == paused["total_tokens"]
+
+
+def test_an_expired_form_fails_the_run_with_its_timeout_event() -> None:
+    engine, events = run_engine(GREETING, {"name": "Ada", "mood": "formal"})
+    assert engine.outcome is not None and engine.outcome.state is not None
+    _, more = run_engine(GREETING, {}, resume=ResumePoint(engine.outcome.state, {"kind": "timeout"}))
+    assert names(more) == [
+        "workflow_started",
+        "node_started",
+        "human_input_form_timeout",
+        "node_finished",
+        "workflow_finished",
+    ]
+    assert more[2]["data"]["expiration_time"] == events[-2]["data"]["expiration_time"]
+    assert more[3]["data"]["status"] == "failed"
+    assert more[-1]["data"]["status"] == "failed" and more[-1]["data"]["error"] == "the human input form expired"
 
 
 def test_invalid_human_input_fails_the_run() -> None:
@@ -76,6 +110,24 @@ def test_invalid_human_input_fails_the_run() -> None:
     assert engine.outcome is not None
     _, more = run_engine(GREETING, {}, resume=ResumePoint(engine.outcome.state or {}, {"approved": "yes"}))
     assert more[-1]["data"]["status"] == "failed" and "approved" in more[-1]["data"]["error"]
+
+
+def test_nodes_say_where_the_engine_came_from_what_they_read_and_spent() -> None:
+    _, events = run_engine(GREETING, {"name": "Ada"})
+    started = [e["data"] for e in events if e["event"] == "node_started"]
+    assert [s["predecessor_node_id"] for s in started] == [None, "start", "draft", "is_long"]
+    assert started[0]["inputs"] == {"name": "Ada"}
+    assert started[1]["inputs"] == {"start.mood": "cheerful", "start.name": "Ada"}
+    llm = next(e["data"] for e in events if e["event"] == "node_finished" and e["data"]["node_id"] == "draft")
+    chunks = [e for e in events if e["event"] == "text_chunk"]
+    usage = llm["execution_metadata"]
+    assert usage["completion_tokens"] == len(chunks) and usage["prompt_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert llm["process_data"]["prompts"][0]["text"] == "Write a cheerful greeting for Ada"
+    assert events[-1]["data"]["total_tokens"] == usage["total_tokens"]
+    first = events[0]["data"]
+    assert first["reason"] == "initial" and first["inputs"]["name"] == "Ada"
+    assert first["inputs"]["sys.user_id"] == "u" and first["inputs"]["sys.workflow_run_id"] == "run"
 
 
 def test_a_failing_model_fails_the_run_through_the_event_path() -> None:

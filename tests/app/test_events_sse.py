@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 
 from api.core.app.apps.topics import workflow_run_topic
 from api.extensions.ext_durable_stream import durable_stream
+from api.models import WorkflowRun
+from api.models.engine import db
 from harness.hostile_target import FAST_WORKFLOW as FAST
 from harness.sse import SseMessage, parse_sse
 from tests.app.conftest import AppHarness
@@ -36,7 +39,7 @@ def events_of(messages: list[SseMessage]) -> list[dict[str, Any]]:
 
 
 def run_streaming(harness: AppHarness, key: str, inputs: dict[str, Any], user: str = "u1") -> list[SseMessage]:
-    """A streaming run's messages after its ``run_created`` preamble (checked here)."""
+    """A streaming run's messages; its ids come in the headers, and the first data event is its start."""
     response = harness.client.post(
         "/v1/workflows/run",
         json={"inputs": inputs, "user": user, "response_mode": "streaming"},
@@ -44,16 +47,19 @@ def run_streaming(harness: AppHarness, key: str, inputs: dict[str, Any], user: s
         buffered=False,
     )
     task_id, run_id = response.headers.get("X-Task-Id"), response.headers.get("X-Workflow-Run-Id")
-    created, *messages = stream(response)
-    assert created.event == "run_created" and created.id is None
-    assert created.json == {"event": "run_created", "task_id": task_id, "workflow_run_id": run_id}
-    events = [m.json for m in messages if not m.is_ping and m.event is None]
+    assert task_id and run_id
+    messages = stream(response)
+    assert messages[0].is_ping, "Dify's streams begin with a ping"
+    data = [m for m in messages if not m.is_ping]
+    assert data and data[0].event is None and data[0].json["event"] == "workflow_started", "no foreign first event"
+    events = [m.json for m in data if m.event is None]
     assert all(e["task_id"] == task_id and e["workflow_run_id"] == run_id for e in events)
     return messages
 
 
 def events_url(task_id: str, user: str, **params: str) -> str:
-    query = "&".join(f"{k}={v}" for k, v in {"user": user, **params}.items())
+    """The events of a run; from its beginning unless ``include_state_snapshot`` says otherwise."""
+    query = "&".join(f"{k}={v}" for k, v in {"user": user, "include_state_snapshot": "true", **params}.items())
     return f"/v1/workflow/{task_id}/events?{query}"
 
 
@@ -181,19 +187,65 @@ def test_a_stale_pause_in_history_does_not_end_a_replay(harness: AppHarness, gre
     assert replay[-1]["event"] == "workflow_finished"
 
 
-def test_finished_run_without_retained_events_gets_one_finished_event_from_the_row(
+def test_a_finished_run_whose_events_aged_out_gets_one_finished_event_from_the_row(
     harness: AppHarness, greeting: dict[str, str]
 ) -> None:
     key = greeting["api_key"]
     events = events_of(run_streaming(harness, key, {"name": "Gus"}))
-    run_id, task_id = events[0]["workflow_run_id"], events[0]["task_id"]
+    run_id = events[0]["workflow_run_id"]
     with harness.app.app_context():
         durable_stream().admin.delete_topic(workflow_run_topic("workflow", run_id))
-    only = stream(reconnect(harness, key, task_id, "u1"))
+        # As retention would have removed it: the run ended longer ago than the stream store keeps events.
+        run = db.session.get(WorkflowRun, run_id)
+        run.finished_at = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=8)
+        db.session.commit()
+        db.session.remove()
+    only = stream(reconnect(harness, key, run_id, "u1"))
     assert [m.is_ping for m in only] == [True, False] and only[1].id is None
     finished = only[1].json
     assert finished["event"] == "workflow_finished" and finished["data"]["status"] == "succeeded"
     assert finished["data"]["outputs"] == events[-1]["data"]["outputs"]
+    assert finished["data"]["total_tokens"] == events[-1]["data"]["total_tokens"] > 0
+
+
+def test_a_snapshot_of_a_finished_run_whose_events_were_lost_is_410_every_time(
+    harness: AppHarness, greeting: dict[str, str]
+) -> None:
+    key = greeting["api_key"]
+    events = events_of(run_streaming(harness, key, {"name": "Gil"}))
+    run_id = events[0]["workflow_run_id"]
+    with harness.app.app_context():  # a FLUSHDB, or a restart of a store without persistence
+        durable_stream().admin.delete_topic(workflow_run_topic("workflow", run_id))
+    for _ in range(2):
+        gone = reconnect(harness, key, run_id, "u1")
+        assert gone.status_code == 410 and gone.json["code"] == "run_events_lost"
+        assert gone.json["run"]["id"] == run_id and gone.json["run"]["status"] == "succeeded"
+    # Without a snapshot the client asked only for what comes next: the run's end, from its row.
+    only = events_of(stream(reconnect(harness, key, run_id, "u1", include_state_snapshot="false")))
+    assert [e["event"] for e in only] == ["workflow_finished"]
+
+
+def test_without_a_snapshot_a_reader_starts_at_the_tail_with_ids(harness: AppHarness) -> None:
+    key = harness.create_app(slow_greeting(delay=0.02, tokens=150))["api_key"]
+    started = harness.post(
+        "/v1/workflows/run", key, {"inputs": {"name": "Tia"}, "user": "u1", "response_mode": "async"}
+    ).json
+    run_id = started["workflow_run_id"]
+    deadline = time.monotonic() + 20
+    while sum(e["event"] == "text_chunk" for e in harness.events(run_id)) < 5:
+        assert time.monotonic() < deadline, "the run never streamed"
+        time.sleep(0.02)
+    retained_before = len(harness.events(run_id))
+    tail = [m for m in stream(reconnect(harness, key, run_id, "u1", include_state_snapshot="false")) if not m.is_ping]
+    names = [m.json["event"] for m in tail]
+    assert names[0] != "workflow_started" and names[-1] == "workflow_finished"
+    assert all(m.id for m in tail), "a stream that starts at the tail can still be resumed"
+    stored = harness.events(run_id)
+    assert [m.json for m in tail] == stored[len(stored) - len(tail) :], "the tail is the run's latest events"
+    assert len(stored) - len(tail) >= retained_before, "nothing from before the request is replayed"
+    # The task id names the run as well as its own id does.
+    by_task = events_of(stream(reconnect(harness, key, started["task_id"], "u1", include_state_snapshot="false")))
+    assert [e["event"] for e in by_task] == ["workflow_finished"]
 
 
 def test_resume_token_errors(harness: AppHarness, greeting: dict[str, str]) -> None:

@@ -22,6 +22,7 @@ from api.libs.errors import GoneError, InvalidParamError, NotFoundError, Service
 from api.libs.resume_token import InvalidResumeTokenError
 from api.models import App, WorkflowRun
 from api.models.engine import db
+from api.services import idempotency
 from api.services import workflow_event_service as event_streams
 from api.services import workflow_run_service as runs
 from api.services.run_recovery import run_log_fields
@@ -31,9 +32,15 @@ logger = logging.getLogger(__name__)
 
 
 def start_run(app_model: App, body: Any) -> Any:
-    """``POST …/workflows/run`` in any response mode."""
+    """``POST …/workflows/run`` in any response mode; an ``Idempotency-Key`` makes a retry safe."""
     inputs, user, mode = runs.parse_run_request(app_model, body)
-    run = runs.create_run(app_model, inputs, user)
+    key = idempotency.parse_key(request.headers.get(idempotency.HEADER))
+    if key is None:
+        run = runs.create_run(app_model, inputs, user)
+    else:
+        run, replayed = idempotency.create_run_once(app_model, inputs, user, key, idempotency.fingerprint(body))
+        if replayed:
+            return _replay(app_model, run, mode)
     if mode == "async":
         runs.dispatch(run)
         return {"task_id": run.task_id, "workflow_run_id": run.id}, 202
@@ -43,8 +50,23 @@ def start_run(app_model: App, body: Any) -> Any:
     return runs.run_blocking(app_model, run)
 
 
+def _replay(app_model: App, run: WorkflowRun, mode: str) -> Any:
+    """The answer to a retried start: the run an earlier request with the same key started."""
+    replayed = {idempotency.REPLAYED_HEADER: "true"}
+    logger.info("run %s: a retried start of the same Idempotency-Key gets the same run", run.id)
+    if mode == "async":
+        return {"task_id": run.task_id, "workflow_run_id": run.id}, 202, replayed
+    if mode == "streaming":
+        db.session.close()
+        events = event_streams.reconnect(app_model, run, cursor=None, continue_on_pause=False, snapshot=True)
+        headers = {**event_streams.run_headers(run), **replayed}
+        return event_stream_response(app_model, run, events, headers, continue_on_pause=False)
+    return runs.run_blocking(app_model, run, replay=True), 200, replayed
+
+
 def run_events(app_model: App, task_id: str, user: str) -> Response:
-    """``GET …/workflow/<task_id>/events``: ``Last-Event-ID`` (header or query) and ``continue_on_pause``.
+    """``GET …/workflow/<id>/events`` (the run's id or its task's): ``Last-Event-ID`` (header or query),
+    ``continue_on_pause`` and ``include_state_snapshot``.
 
     Every outcome is counted (``workflow_sse_resumes_total``): ``resumed`` (the stream starts),
     ``invalid_token`` (400), ``expired`` (410), ``not_found`` (404), ``unavailable`` (503).
@@ -56,7 +78,7 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
         GoneError: (410) see ``workflow_event_service.reconnect``.
     """
     try:
-        run = runs.get_run_by_task(app_model, task_id, user)
+        run = runs.get_run_by_task(app_model, task_id, user, or_run_id=True)
     except NotFoundError:
         metrics.RESUMES.tally.add(("not_found",))
         raise
@@ -88,9 +110,16 @@ def _run_events(app_model: App, run: WorkflowRun) -> Response:
     token = last_event_id()
     if token is not None and event_streams.resumable():  # a live-only transport ignores it
         cursor = open_resume_token(app_model, run, token)
-    continue_on_pause = request.args.get("continue_on_pause", "").lower() in ("1", "true", "yes")
-    events = event_streams.reconnect(app_model, run, cursor=cursor, continue_on_pause=continue_on_pause)
+    continue_on_pause = _flag("continue_on_pause")
+    events = event_streams.reconnect(
+        app_model, run, cursor=cursor, continue_on_pause=continue_on_pause, snapshot=_flag("include_state_snapshot")
+    )
     return event_stream_response(app_model, run, events, continue_on_pause=continue_on_pause)
+
+
+def _flag(name: str) -> bool:
+    """A boolean query parameter (``true`` / ``false``, as Dify's clients send them; ``1`` / ``yes`` too)."""
+    return request.args.get(name, "").lower() in ("1", "true", "yes")
 
 
 def last_event_id() -> str | None:

@@ -10,6 +10,7 @@ from flask_restful import Resource
 from api.controllers.common.workflow_responses import run_events, start_run
 from api.libs.errors import InvalidParamError
 from api.models import App
+from api.services import human_input_service as forms
 from api.services import workflow_run_service as runs
 from api.services.validation import require_user
 
@@ -48,14 +49,30 @@ class WorkflowTaskStopApi(Resource):  # type: ignore[misc]
 
 
 class WorkflowHumanInputApi(Resource):  # type: ignore[misc]
+    """Our route before form tokens, kept as an alias: answers the paused run's open form."""
+
     @validate_app_token
     def post(self, app_model: App, workflow_run_id: str) -> Any:
-        run = runs.submit_human_input(app_model, workflow_run_id, _json_body())
+        run = forms.submit_by_run(app_model, workflow_run_id, _json_body())
         return {"result": "success", "task_id": run.task_id, "workflow_run_id": run.id, "status": run.status}
 
 
+class HumanInputFormApi(Resource):  # type: ignore[misc]
+    """``/form/human_input/<form_token>``: read a paused run's form, and answer it."""
+
+    @validate_app_token
+    def get(self, app_model: App, form_token: str) -> Any:
+        form, _ = forms.open_form(app_model, form_token)
+        return forms.definition(form)
+
+    @validate_app_token
+    def post(self, app_model: App, form_token: str) -> Any:
+        forms.submit(app_model, form_token, _json_body())
+        return {}
+
+
 class WorkflowEventsApi(Resource):  # type: ignore[misc]
-    """``GET /workflow/<task_id>/events``: (re)attach to a run's events; ``Last-Event-ID`` resumes."""
+    """``GET /workflow/<id>/events`` (run or task id): (re)attach to a run's events; ``Last-Event-ID`` resumes."""
 
     @validate_app_token
     def get(self, app_model: App, task_id: str) -> Any:
@@ -70,3 +87,4 @@ api.add_resource(WorkflowEventsApi, "/workflow/<string:task_id>/events")
 api.add_resource(WorkflowRunDetailApi, "/workflows/run/<string:workflow_run_id>")
 api.add_resource(WorkflowTaskStopApi, "/workflows/tasks/<string:task_id>/stop")
 api.add_resource(WorkflowHumanInputApi, "/workflows/runs/<string:workflow_run_id>/human-input")
+api.add_resource(HumanInputFormApi, "/form/human_input/<string:form_token>")

@@ -2,32 +2,41 @@
 
 An attempt ends in exactly one of: ``workflow_finished`` (succeeded, failed or stopped) or
 ``workflow_paused`` at a human-input node, after which :attr:`WorkflowEngine.outcome` holds the
-state a later attempt resumes from. Node failures end the run as ``failed`` through the normal
-event path; anything else the engine raises is the caller's to turn into a failed run.
+state a later attempt resumes from. Events carry every field Dify's Workflow App API documents for
+them (``docs/dify-compatibility.md``): each node says where the engine came from and what it read,
+the simulated model what it spent, and a pause the form that answers it. Node failures end the run as
+``failed`` through the normal event path; anything else the engine raises is the caller's to turn
+into a failed run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
 from .errors import NodeRunError
 from .events import make_event, now
+from .forms import FormTicket, action_title, check_submission, public_form, rendered_content
 from .graph import Graph, Node
 from .nodes import (
-    PauseRequested,
+    LlmResult,
     StopRequested,
     evaluate_if_else,
+    node_inputs,
     run_end,
     run_llm,
     run_start,
     run_template,
-    validate_form,
 )
 from .variables import VariablePool
+
+#: How long a form waits for its answer when its node sets no ``timeout`` (Dify's default: 3 days).
+DEFAULT_FORM_TIMEOUT = 3 * 24 * 3600.0
+FORM_EXPIRED = "the human input form expired"
 
 
 @dataclasses.dataclass
@@ -35,15 +44,46 @@ class EngineOutcome:
     status: str  # succeeded | failed | stopped | paused
     outputs: dict[str, Any] | None = None
     error: str | None = None
-    #: For ``paused``: what a resumed attempt needs (paused node, variable pool, step count).
+    #: For ``paused``: what a resumed attempt needs (paused node, variable pool, step count, its form).
     state: dict[str, Any] | None = None
     steps: int = 0
+    #: The simulated model's tokens over the whole run so far (all attempts).
+    tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class ResumePoint:
+    """Where a resumed attempt starts: the state saved at the pause and what ended the wait.
+
+    ``submission`` is ``{"kind": "submission", "inputs", "action"}`` for a filled form or
+    ``{"kind": "timeout"}`` for one that expired; a mapping without ``kind`` is a form's inputs as
+    task messages queued by earlier versions carry them.
+    """
+
     state: Mapping[str, Any]
-    form: Mapping[str, Any]
+    submission: Mapping[str, Any]
+
+
+#: Makes a paused node's form answerable by its token (stores it) before any client can see the token.
+FormOpener = Callable[[Node, Mapping[str, Any]], None]
+
+
+def new_ticket(expiration_time: int) -> FormTicket:
+    """A form's id and its token: 128 random bits, 22 URL-safe characters."""
+    return FormTicket(str(uuid.uuid4()), secrets.token_urlsafe(16), expiration_time)
+
+
+@dataclasses.dataclass
+class _Step:
+    """One node's execution: what its ``node_started`` said, kept for its ``node_finished``."""
+
+    node: Node
+    execution_id: str
+    index: int
+    predecessor: str | None
+    inputs: dict[str, Any] | None
+    created_at: int
+    started: float = dataclasses.field(default_factory=time.monotonic)
 
 
 class WorkflowEngine:
@@ -60,6 +100,8 @@ class WorkflowEngine:
         token_delay: float = 0.02,
         should_stop: Callable[[], str | None] = lambda: None,
         resume: ResumePoint | None = None,
+        open_form: FormOpener = lambda node, form: None,
+        form_timeout: float = DEFAULT_FORM_TIMEOUT,
     ) -> None:
         self.graph = graph
         self.app_id = app_id
@@ -71,39 +113,60 @@ class WorkflowEngine:
         self.token_delay = token_delay
         self.should_stop = should_stop
         self.resume = resume
+        self.open_form = open_form
+        self.form_timeout = form_timeout
         self.outcome: EngineOutcome | None = None
+        self.tokens = 0
 
     def _event(self, name: str, data: dict[str, Any]) -> dict[str, Any]:
         return make_event(name, task_id=self.task_id, workflow_run_id=self.workflow_run_id, data=data)
 
+    def _started(self, reason: str, created_at: float) -> dict[str, Any]:
+        system = {
+            "sys.files": [],
+            "sys.user_id": self.user,
+            "sys.app_id": self.app_id,
+            "sys.workflow_id": self.app_id,
+            "sys.workflow_run_id": self.workflow_run_id,
+        }
+        return self._event(
+            "workflow_started",
+            {
+                "id": self.workflow_run_id,
+                "workflow_id": self.app_id,
+                "inputs": {**self.inputs, **system},
+                "created_at": int(created_at),
+                "reason": reason,
+            },
+        )
+
     def run(self) -> Iterator[dict[str, Any]]:
         steps = 0
+        predecessor: str | None = None
         if self.resume is None:
             pool = VariablePool({"sys": {"user": self.user, "workflow_run_id": self.workflow_run_id}})
             node: Node | None = self.graph.start
-            yield self._event(
-                "workflow_started",
-                {
-                    "id": self.workflow_run_id,
-                    "workflow_id": self.app_id,
-                    "inputs": self.inputs,
-                    "created_at": int(self.created_at),
-                },
-            )
+            yield self._started("initial", self.created_at)
         else:
             state = self.resume.state
             pool = VariablePool({key: dict(value) for key, value in state["variables"].items()})
             steps = int(state["steps"])
+            self.tokens = int(state.get("tokens", 0))
             paused = self.graph.nodes[state["node_id"]]
-            execution_id = str(state.get("execution_id") or uuid.uuid4())
-            try:
-                outputs = validate_form(paused, self.resume.form)
-            except NodeRunError as exc:
-                yield self._node_finished(paused, execution_id, steps, "failed", None, str(exc), time.monotonic())
-                yield self._finished("failed", None, str(exc), steps)
+            yield self._started("resumption", time.time())
+            step = _Step(
+                paused,
+                str(state.get("execution_id") or uuid.uuid4()),
+                steps,
+                state.get("predecessor"),
+                {},
+                now(),
+            )
+            yield self._node_started(step)
+            answered = yield from self._answer(step, state.get("form") or {}, pool)
+            if not answered:
                 return
-            pool.set_outputs(paused.id, outputs)
-            yield self._node_finished(paused, execution_id, steps, "succeeded", outputs, None, time.monotonic())
+            predecessor = paused.id
             node = self.graph.successor(paused.id)
 
         while node is not None:
@@ -112,20 +175,11 @@ class WorkflowEngine:
                 yield self._finished("stopped", None, reason, steps)
                 return
             steps += 1
-            execution_id = str(uuid.uuid4())
-            started = time.monotonic()
-            yield self._event(
-                "node_started",
-                {
-                    "id": execution_id,
-                    "node_id": node.id,
-                    "node_type": node.type,
-                    "title": node.title,
-                    "index": steps,
-                    "created_at": now(),
-                },
-            )
+            step = _Step(node, str(uuid.uuid4()), steps, predecessor, node_inputs(node, pool, self.inputs), now())
+            yield self._node_started(step)
             handle: str | None = None
+            process_data: dict[str, Any] | None = {}
+            metadata: dict[str, Any] | None = None
             try:
                 if node.type == "start":
                     outputs = run_start(node, pool, self.inputs)
@@ -135,85 +189,175 @@ class WorkflowEngine:
                         try:
                             token = next(runner)
                         except StopIteration as done:
-                            outputs = done.value
+                            result: LlmResult = done.value
                             break
                         yield self._event("text_chunk", {"text": token, "from_variable_selector": [node.id, "text"]})
+                    outputs = result.outputs
+                    self.tokens += result.total_tokens
+                    process_data = {"model_mode": "chat", "prompts": [{"role": "user", "text": result.prompt}]}
+                    metadata = {
+                        "total_tokens": result.total_tokens,
+                        "prompt_tokens": result.prompt_tokens,
+                        "completion_tokens": result.completion_tokens,
+                        "total_price": 0,
+                        "currency": "USD",
+                    }
                 elif node.type == "template":
                     outputs = run_template(node, pool)
                 elif node.type == "if_else":
-                    result = evaluate_if_else(node, pool)
-                    outputs, handle = {"result": result}, "true" if result else "false"
+                    result_ = evaluate_if_else(node, pool)
+                    outputs, handle = {"result": result_}, "true" if result_ else "false"
                 elif node.type == "human_input":
-                    raise PauseRequested(list(node.config.get("form", [])))
+                    yield from self._pause(step, pool)
+                    return
                 else:
                     outputs = run_end(node, pool)
-            except PauseRequested as pause:
-                yield self._event(
-                    "human_input_required",
-                    {
-                        "node_id": node.id,
-                        "title": node.title,
-                        "form": pause.form,
-                        "workflow_run_id": self.workflow_run_id,
-                    },
-                )
-                self.outcome = EngineOutcome(
-                    "paused",
-                    steps=steps,
-                    state={"node_id": node.id, "variables": pool.values, "steps": steps, "execution_id": execution_id},
-                )
-                yield self._event(
-                    "workflow_paused",
-                    {
-                        "id": self.workflow_run_id,
-                        "paused_node_id": node.id,
-                        "reason": "human_input_required",
-                        "created_at": now(),
-                    },
-                )
-                return
             except StopRequested as stop:
-                yield self._node_finished(node, execution_id, steps, "stopped", None, stop.reason, started)
+                yield self._node_finished(step, "stopped", None, stop.reason)
                 yield self._finished("stopped", None, stop.reason, steps)
                 return
             except NodeRunError as exc:
-                yield self._node_finished(node, execution_id, steps, "failed", None, str(exc), started)
+                yield self._node_finished(step, "failed", None, str(exc))
                 yield self._finished("failed", None, str(exc), steps)
                 return
             pool.set_outputs(node.id, outputs)
-            yield self._node_finished(node, execution_id, steps, "succeeded", outputs, None, started)
+            yield self._node_finished(step, "succeeded", outputs, None, process_data=process_data, metadata=metadata)
             if node.type == "end":
                 yield self._finished("succeeded", outputs, None, steps)
                 return
+            predecessor = node.id
             node = self.graph.successor(node.id, handle)
+
+    def _pause(self, step: _Step, pool: VariablePool) -> Iterator[dict[str, Any]]:
+        """Open the node's form and pause: ``human_input_required``, then ``workflow_paused``."""
+        node = step.node
+        timeout = float(node.config.get("timeout") or self.form_timeout)
+        form = public_form(node, new_ticket(int(time.time() + timeout)))
+        self.open_form(node, form)
+        self.outcome = EngineOutcome(
+            "paused",
+            steps=step.index,
+            tokens=self.tokens,
+            state={
+                "node_id": node.id,
+                "variables": pool.values,
+                "steps": step.index,
+                "execution_id": step.execution_id,
+                "predecessor": step.predecessor,
+                "tokens": self.tokens,
+                "form": form,
+            },
+        )
+        yield self._event("human_input_required", form)
+        yield self._event(
+            "workflow_paused",
+            {
+                "workflow_run_id": self.workflow_run_id,
+                "paused_nodes": [node.id],
+                "outputs": {},
+                "reasons": [{**form, "type": "human_input_required"}],
+                "status": "paused",
+                "created_at": int(self.created_at),
+                "elapsed_time": round(max(0.0, time.time() - self.created_at), 6),
+                "total_tokens": self.tokens,
+                "total_steps": step.index,
+            },
+        )
+
+    def _answer(
+        self, step: _Step, form: Mapping[str, Any], pool: VariablePool
+    ) -> Generator[dict[str, Any], None, bool]:
+        """What ended the paused node's wait: its filled form, or its expiry. Returns whether the run goes on."""
+        assert self.resume is not None
+        node, submission = step.node, self.resume.submission
+        if submission.get("kind") == "timeout":
+            yield self._event(
+                "human_input_form_timeout",
+                {"node_id": node.id, "node_title": node.title, "expiration_time": form.get("expiration_time")},
+            )
+            yield self._node_finished(step, "failed", None, FORM_EXPIRED)
+            yield self._finished("failed", None, FORM_EXPIRED, step.index)
+            return False
+        if "kind" in submission:
+            inputs, action = submission.get("inputs") or {}, submission.get("action")
+        else:
+            inputs, action = submission, None
+        try:
+            values, action = check_submission(node, inputs, action)
+        except NodeRunError as exc:
+            yield self._node_finished(step, "failed", None, str(exc))
+            yield self._finished("failed", None, str(exc), step.index)
+            return False
+        content = rendered_content(node, values)
+        yield self._event(
+            "human_input_form_filled",
+            {
+                "node_id": node.id,
+                "node_title": node.title,
+                "rendered_content": content,
+                "action_id": action,
+                "action_text": action_title(node, action),
+            },
+        )
+        outputs = {**values, "__action_id": action, "__rendered_content": content}
+        pool.set_outputs(node.id, outputs)
+        yield self._node_finished(step, "succeeded", outputs, None)
+        return True
+
+    def _node_started(self, step: _Step) -> dict[str, Any]:
+        return self._event(
+            "node_started",
+            {
+                "id": step.execution_id,
+                "node_id": step.node.id,
+                "node_type": step.node.type,
+                "title": step.node.title,
+                "index": step.index,
+                "predecessor_node_id": step.predecessor,
+                "inputs": step.inputs,
+                "created_at": step.created_at,
+                "extras": {},
+                "iteration_id": None,
+                "loop_id": None,
+            },
+        )
 
     def _node_finished(
         self,
-        node: Node,
-        execution_id: str,
-        index: int,
+        step: _Step,
         status: str,
         outputs: dict[str, Any] | None,
         error: str | None,
-        started: float,
+        *,
+        process_data: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         return self._event(
             "node_finished",
             {
-                "id": execution_id,
-                "node_id": node.id,
-                "node_type": node.type,
-                "title": node.title,
-                "index": index,
-                "status": status,
+                "id": step.execution_id,
+                "node_id": step.node.id,
+                "node_type": step.node.type,
+                "title": step.node.title,
+                "index": step.index,
+                "predecessor_node_id": step.predecessor,
+                "inputs": step.inputs,
+                "process_data": {} if process_data is None else process_data,
                 "outputs": outputs,
+                "status": status,
                 "error": error,
-                "elapsed_time": round(time.monotonic() - started, 6),
+                "elapsed_time": round(time.monotonic() - step.started, 6),
+                "execution_metadata": metadata,
+                "created_at": step.created_at,
+                "finished_at": now(),
+                "files": [],
+                "iteration_id": None,
+                "loop_id": None,
             },
         )
 
     def _finished(self, status: str, outputs: dict[str, Any] | None, error: str | None, steps: int) -> dict[str, Any]:
-        self.outcome = EngineOutcome(status, outputs=outputs, error=error, steps=steps)
+        self.outcome = EngineOutcome(status, outputs=outputs, error=error, steps=steps, tokens=self.tokens)
         return finished_event(
             task_id=self.task_id,
             workflow_run_id=self.workflow_run_id,
@@ -222,6 +366,7 @@ class WorkflowEngine:
             outputs=outputs,
             error=error,
             steps=steps,
+            tokens=self.tokens,
             created_at=self.created_at,
         )
 
@@ -237,6 +382,7 @@ def finished_event(
     steps: int,
     created_at: float,
     finished_at: float | None = None,
+    tokens: int = 0,
 ) -> dict[str, Any]:
     """``workflow_finished``; also built by the coordinator, the lease check and the events endpoint."""
     finished = time.time() if finished_at is None else finished_at
@@ -251,8 +397,11 @@ def finished_event(
             "outputs": outputs,
             "error": error,
             "elapsed_time": round(max(0.0, finished - created_at), 6),
+            "total_tokens": tokens,
             "total_steps": steps,
             "created_at": int(created_at),
             "finished_at": int(finished),
+            "exceptions_count": 0,
+            "files": [],
         },
     )

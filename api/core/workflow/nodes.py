@@ -1,8 +1,9 @@
-"""What each node type does. A node runner yields ``("chunk", text)`` while it streams and returns
-its outputs; ``PauseRequested`` stops the run at a human-input node."""
+"""What each node type does: the simulated model streams its tokens and says what it spent; the other
+nodes return their outputs at once. ``StopRequested`` ends a run in the middle of a node."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Generator, Mapping
@@ -12,14 +13,25 @@ from .errors import NodeRunError
 from .graph import Node
 from .variables import VariablePool
 
-NodeRun = Generator[str, None, dict[str, Any]]
 _TOKEN = re.compile(r"\s*\S+\s*|\s+")
+_REFERENCE = re.compile(r"\{\{\s*([A-Za-z0-9_\-]+)\.([A-Za-z0-9_\-]+)\s*\}\}")
 
 
-class PauseRequested(Exception):
-    def __init__(self, form: list[Mapping[str, Any]]) -> None:
-        super().__init__("human input required")
-        self.form = form
+@dataclasses.dataclass(frozen=True)
+class LlmResult:
+    """What the simulated model answered, and what it spent (its tokens)."""
+
+    outputs: dict[str, Any]
+    prompt: str
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+LlmRun = Generator[str, None, LlmResult]
 
 
 class StopRequested(Exception):
@@ -41,7 +53,44 @@ def run_start(node: Node, pool: VariablePool, inputs: Mapping[str, Any]) -> dict
     return outputs
 
 
-def run_llm(node: Node, pool: VariablePool, token_delay: float, should_stop: Callable[[], str | None]) -> NodeRun:
+def count_tokens(text: str) -> int:
+    """The simulated model's tokenizer: a word with the spaces around it is one token."""
+    return len(_TOKEN.findall(text))
+
+
+def node_inputs(node: Node, pool: VariablePool, run_inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The variables ``node`` reads, by selector (``node_id.name``); the run's inputs for a start node.
+
+    A selector that is not defined (yet) is left out: the node's own run reports it.
+    """
+    if node.type == "start":
+        return dict(run_inputs)
+    selectors: list[str] = []
+    for value in node.config.values():
+        selectors.extend(_selectors_in(value))
+    values: dict[str, Any] = {}
+    for selector in selectors:
+        try:
+            values[selector] = pool.get(selector)
+        except NodeRunError:
+            continue
+    return values
+
+
+def _selectors_in(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [f"{match.group(1)}.{match.group(2)}" for match in _REFERENCE.finditer(value)]
+    if isinstance(value, Mapping):
+        found = [str(value["variable"])] if isinstance(value.get("variable"), str) else []
+        for item in value.values():
+            found.extend(_selectors_in(item))
+        return found
+    if isinstance(value, list):
+        return [selector for item in value for selector in _selectors_in(item)]
+    return []
+
+
+def run_llm(node: Node, pool: VariablePool, token_delay: float, should_stop: Callable[[], str | None]) -> LlmRun:
     """A deterministic simulated model: streams its answer token by token, no network."""
     prompt = pool.render(node.config["prompt"])
     response_template = node.config.get("response")
@@ -59,7 +108,7 @@ def run_llm(node: Node, pool: VariablePool, token_delay: float, should_stop: Cal
             time.sleep(delay)
         streamed.append(token)
         yield token
-    return {"text": "".join(streamed)}
+    return LlmResult({"text": "".join(streamed)}, prompt, count_tokens(prompt), len(streamed))
 
 
 def run_template(node: Node, pool: VariablePool) -> dict[str, Any]:
@@ -98,27 +147,6 @@ def _number(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise NodeRunError(f"{value!r} is not a number") from None
-
-
-def validate_form(node: Node, submitted: Mapping[str, Any]) -> dict[str, Any]:
-    """Check a human-input submission against the node's form; return the node's outputs."""
-    outputs: dict[str, Any] = {}
-    for field in node.config.get("form", []):
-        name = field["name"]
-        if name not in submitted:
-            if field.get("required", True):
-                raise NodeRunError(f"form field {name!r} is required")
-            continue
-        value = submitted[name]
-        kind = field.get("type", "text")
-        if kind == "boolean" and not isinstance(value, bool):
-            raise NodeRunError(f"form field {name!r} must be true or false")
-        if kind == "number" and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise NodeRunError(f"form field {name!r} must be a number")
-        if kind == "text" and not isinstance(value, str):
-            raise NodeRunError(f"form field {name!r} must be text")
-        outputs[name] = value
-    return outputs
 
 
 def run_end(node: Node, pool: VariablePool) -> dict[str, Any]:

@@ -94,6 +94,8 @@ class AppExecutionCoordinator:
         self._last_stop_check = 0.0
         self._watchdog: threading.Timer | None = None
         self.steps = 0
+        #: The run's tokens so far (kept up to date by the caller), for a failed end it writes itself.
+        self.tokens = 0
 
     @property
     def state(self) -> AppExecutionState:
@@ -172,7 +174,13 @@ class AppExecutionCoordinator:
                 "workflow_started",
                 task_id=self.run.task_id,
                 workflow_run_id=self.run.workflow_run_id,
-                data={"id": self.run.workflow_run_id, "workflow_id": self.run.app_id, "inputs": {}},
+                data={
+                    "id": self.run.workflow_run_id,
+                    "workflow_id": self.run.app_id,
+                    "inputs": {},
+                    "created_at": int(self.run.created_at),
+                    "reason": "initial",
+                },
             )
         try:
             self._end(self.failed_event(reason), started=started)
@@ -189,6 +197,7 @@ class AppExecutionCoordinator:
             outputs=None,
             error=error,
             steps=self.steps,
+            tokens=self.tokens,
             created_at=self.run.created_at,
         )
 

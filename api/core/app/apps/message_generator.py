@@ -115,6 +115,7 @@ def stream_topic_events(
     first_event: str | None = None,
     first: StreamMessage | None = None,
     coalesce: int = 1,
+    pause_moved_past: Callable[[bytes], bool] | None = None,
 ) -> Iterator[Ping | StreamEvent | EventBatch]:
     """Yield a ping at once, then events; ping after ``ping_interval`` without anything sent; stop at
     a terminal event, the sealed end, or after ``idle_timeout`` without events. The subscription
@@ -131,6 +132,11 @@ def stream_topic_events(
 
     With ``coalesce`` > 1, the records that are ready when one arrives (up to that many in all) are
     yielded together, as an :class:`EventBatch` (a lone event is yielded as itself).
+
+    A ``workflow_paused`` that the topic already shows followed by more events is stale and ends
+    nothing. One with nothing after it yet is asked about: ``pause_moved_past(payload)`` says from
+    outside (the run's row) whether the run has left that pause already, its resumed events not yet
+    written — then the stream goes on too.
 
     Raises:
         IncompleteRunError: The first record is not ``first_event``.
@@ -196,6 +202,8 @@ def stream_topic_events(
                     raise
                 if isinstance(following, StreamMessage):
                     pending = following
+                    terminal_now = False
+                elif following is None and pause_moved_past is not None and pause_moved_past(item.payload):
                     terminal_now = False
                 else:
                     terminal_now = True

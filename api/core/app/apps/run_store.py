@@ -106,30 +106,36 @@ def finish(
     outputs: Any,
     error: str | None,
     steps: int,
+    tokens: int | None = None,
     expected: str = RUNNING,
     repair_after: float | None = None,
 ) -> bool:
     """Record the run's outcome; its topic's end is pending until :func:`mark_stream_ended`.
 
-    ``repair_after`` keeps other parties from repairing the end while its writer still retries it.
+    ``repair_after`` keeps other parties from repairing the end while its writer still retries it;
+    ``tokens`` (when known) replaces the run's token count.
     """
+    counted = {} if tokens is None else {"total_tokens": tokens}
     statement = (
         update(WorkflowRun)
         .where(WorkflowRun.id == run_id, WorkflowRun.status == expected)
         .values(
             outputs_json=None if outputs is None else json.dumps(outputs),
             total_steps=steps,
+            **counted,
             **_ended(status, error, repair_after),
         )
     )
     return _ended_run(_execute(statement) == 1, status)
 
 
-def pause(run_id: str, state: dict[str, Any], steps: int) -> bool:
+def pause(run_id: str, state: dict[str, Any], steps: int, tokens: int = 0) -> bool:
     statement = (
         update(WorkflowRun)
         .where(WorkflowRun.id == run_id, WorkflowRun.status == RUNNING)
-        .values(status=PAUSED, state_json=json.dumps(state), total_steps=steps, lease_expires_at=None)
+        .values(
+            status=PAUSED, state_json=json.dumps(state), total_steps=steps, total_tokens=tokens, lease_expires_at=None
+        )
     )
     return _execute(statement) == 1
 

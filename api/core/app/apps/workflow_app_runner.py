@@ -25,7 +25,7 @@ from api.libs import log_context
 from api.models import App, WorkflowRun
 from api.models.engine import db
 
-from . import run_store
+from . import form_store, run_store
 from .event_transport import WorkflowEventTransport
 from .execution_coordinator import AppExecutionCoordinator, RunIdentity, RunTakenOverError
 from .lease import RunLease
@@ -98,7 +98,9 @@ def _attempt(
         data = event["data"]
         if event["event"] == "workflow_paused":
             assert engine is not None and engine.outcome is not None and engine.outcome.state is not None
-            return run_store.pause(workflow_run_id, engine.outcome.state, engine.outcome.steps)
+            outcome = engine.outcome
+            assert outcome.state is not None
+            return run_store.pause(workflow_run_id, outcome.state, outcome.steps, outcome.tokens)
         total = data.get("total_steps") or steps
         return run_store.finish(
             workflow_run_id,
@@ -106,6 +108,7 @@ def _attempt(
             outputs=data["outputs"],
             error=data["error"],
             steps=total,
+            tokens=data.get("total_tokens"),
             repair_after=time.time() + config.WORKFLOW_END_RETRY_DEADLINE + REPAIR_MARGIN,
         )
 
@@ -143,7 +146,7 @@ def _attempt(
             if resume_form is not None:
                 if state_json is None:
                     raise RuntimeError("the run has no saved pause state to resume from")
-                resume = ResumePoint(state=json.loads(state_json), form=resume_form)
+                resume = ResumePoint(state=json.loads(state_json), submission=resume_form)
             engine = WorkflowEngine(
                 Graph(json.loads(graph_definition)),
                 app_id=identity.app_id,
@@ -155,10 +158,13 @@ def _attempt(
                 token_delay=config.WORKFLOW_LLM_TOKEN_DELAY,
                 should_stop=coordinator.should_stop,
                 resume=resume,
+                open_form=lambda node, form: form_store.open_form(identity.app_id, workflow_run_id, form),
+                form_timeout=config.HUMAN_INPUT_FORM_TIMEOUT,
             )
             for event in engine.run():
                 if event["event"] == "node_started":
                     steps = coordinator.steps = int(event["data"]["index"])
+                coordinator.tokens = engine.tokens
                 coordinator.publish(event)
                 if not epoch_known and event["event"] == "workflow_started":
                     epoch_known = True
