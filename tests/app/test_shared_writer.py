@@ -113,7 +113,9 @@ class RawClient:
             self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         self.socket.settimeout(30)
         self.socket.connect((host, int(port)))
-        request = f"GET /v1/workflow/{task_id}/events?user=u1{query} HTTP/1.0\r\nAuthorization: Bearer {key}\r\n\r\n"
+        # From the run's beginning (a snapshot), as the tests compare whole runs.
+        path = f"/v1/workflow/{task_id}/events?user=u1&include_state_snapshot=true{query}"
+        request = f"GET {path} HTTP/1.0\r\nAuthorization: Bearer {key}\r\n\r\n"
         self.socket.sendall(request.encode())
         self.messages = parse_sse(self._body())
         self.events: list[dict[str, Any]] = []
