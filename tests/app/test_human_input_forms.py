@@ -18,7 +18,7 @@ import pytest
 from api.models import HumanInputForm
 from api.models.engine import db
 from harness.app_database import APP_DATABASES
-from harness.processes import ROOT
+from harness.processes import ROOT, free_port
 from harness.waiting import wait_until
 from tests.app.conftest import AppHarness
 from tests.app.test_service_api import wait_for_status
@@ -141,6 +141,27 @@ def test_a_stopped_runs_form_is_expired(harness: AppHarness, greeting: dict[str,
     assert harness.post(f"/v1/workflows/tasks/{paused['task_id']}/stop", key, {"user": "u1"}).status_code == 200
     late = harness.post(form_path(token), key, {"inputs": {"approved": True}, "action": "submit", "user": "u1"})
     assert late.status_code == 412 and late.json["code"] == "human_input_form_expired"
+
+
+def test_an_answer_while_the_queue_is_down_is_503_and_the_run_ends(
+    harness: AppHarness, greeting: dict[str, str]
+) -> None:
+    key = greeting["api_key"]
+    paused = pause(harness, key)
+    token = paused["data"]["reasons"][0]["form_token"]
+    # Another API process on the same data whose broker is gone.
+    cut_off = AppHarness({**harness.env, "CELERY_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"}, None)
+    try:
+        answer = cut_off.post(form_path(token), key, {"inputs": {"approved": True}, "action": "submit", "user": "u1"})
+        assert answer.status_code == 503 and answer.json["code"] == "queue_unavailable", answer.json
+    finally:
+        cut_off.close()
+    detail = wait_for_status(harness, key, paused["workflow_run_id"], "u1", {"failed"}, timeout=10)
+    assert detail["error"] == "could not dispatch the run"
+    wait_until(lambda: harness.topic_info(paused["workflow_run_id"]).sealed, 10, "the failed run's end")
+    assert harness.events(paused["workflow_run_id"])[-1]["data"]["status"] == "failed"
+    again = harness.post(form_path(token), key, {"inputs": {"approved": True}, "action": "submit", "user": "u1"})
+    assert again.status_code == 412, "the answer was taken; the run it would resume has ended"
 
 
 def test_actions_of_the_node_are_the_buttons(harness: AppHarness) -> None:
