@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
+import requests
 
 from harness.app_env import base_env
 from harness.processes import ROOT
@@ -414,3 +415,43 @@ def test_human_input_form_pauses_and_resumes_the_run(stack: Stack) -> None:
     check_workflow_finished(final, "succeeded")
     assert final["id"] == run_id
     assert str(final["outputs"].get("greeting", "")).startswith(GREETING_TEXT), final["outputs"]
+
+
+def test_a_typed_python_client_reads_details_and_stops_runs(stack: Stack) -> None:
+    """``dify-oapi2``, a typed Python client written against Dify's reference, for detail and stop.
+
+    (Its run request nests ``inputs`` in another ``inputs`` object, which no Dify server accepts either,
+    so runs are started here with a plain request; the Node SDK above covers the run itself.)
+    """
+    from dify_oapi.api.workflow.v1.model.get_workflow_run_detail_request import GetWorkflowRunDetailRequest
+    from dify_oapi.api.workflow.v1.model.stop_workflow_request import StopWorkflowRequest
+    from dify_oapi.api.workflow.v1.model.stop_workflow_request_body import StopWorkflowRequestBody
+    from dify_oapi.client import Client
+    from dify_oapi.core.model.request_option import RequestOption
+
+    client = Client.builder().domain(stack.served.urls[0]).build()
+    key, user = stack.keys["slow"], f"py-{uuid.uuid4().hex[:8]}"
+    option = RequestOption.builder().api_key(key).build()
+    started = requests.post(
+        f"{stack.base_url}/workflows/run",
+        json={"inputs": {"name": "Ada"}, "user": user, "response_mode": "async"},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    ).json()
+    stop_request = (
+        StopWorkflowRequest.builder()
+        .task_id(started["task_id"])
+        .request_body(StopWorkflowRequestBody.builder().user(user).build())
+        .build()
+    )
+    assert client.workflow.v1.workflow.stop(stop_request, option).result == "success"
+    detail_request = GetWorkflowRunDetailRequest.builder().workflow_run_id(started["workflow_run_id"]).build()
+    deadline = time.monotonic() + 30
+    while (detail := client.workflow.v1.workflow.detail(detail_request, option)).status in ("running", None):
+        assert time.monotonic() < deadline, f"the run never stopped: {detail}"
+        time.sleep(0.05)
+    assert detail.status == "stopped" and detail.error == "stopped by user"
+    assert detail.id == started["workflow_run_id"] and isinstance(detail.total_tokens, int)
+    assert isinstance(detail.elapsed_time, float) and isinstance(detail.created_at, int)
+    assert isinstance(detail.finished_at, int) and detail.inputs == {"name": "Ada"}
+    client.close()

@@ -146,7 +146,10 @@ def test_runs_of_other_apps_and_other_users_are_404(harness: AppHarness, greetin
         assert stop.status_code == 404
         resume = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": user, "inputs": {}})
         assert resume.status_code == 404
-    assert harness.get(f"/v1/workflows/run/{run_id}", greeting["api_key"]).status_code == 400  # user is required
+    # Without ?user= the key's app sees every run of its own, as Dify documents the route; another app's is 404.
+    assert harness.get(f"/v1/workflows/run/{run_id}", greeting["api_key"]).json["id"] == run_id
+    assert harness.get(f"/v1/workflows/run/{run_id}", other_app["api_key"]).status_code == 404
+    assert harness.get(f"/v1/workflows/run/{run_id}?user=", greeting["api_key"]).status_code == 400
     assert harness.get("/v1/workflows/run/nope?user=owner", greeting["api_key"]).status_code == 404
 
 

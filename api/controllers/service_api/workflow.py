@@ -32,12 +32,13 @@ class WorkflowRunApi(Resource):  # type: ignore[misc]
 
 
 class WorkflowRunDetailApi(Resource):  # type: ignore[misc]
+    """``GET /workflows/run/<id>``: any run of the key's app, as Dify documents it; ``?user=`` narrows
+    it to that end user's runs (another's is 404)."""
+
     @validate_app_token
     def get(self, app_model: App, workflow_run_id: str) -> Any:
         user = request.args.get("user")
-        if not user:
-            raise InvalidParamError("the 'user' query parameter is required")
-        return runs.run_detail(runs.get_run(app_model, workflow_run_id, user))
+        return runs.run_detail(runs.get_run(app_model, workflow_run_id, None if user is None else user))
 
 
 class WorkflowTaskStopApi(Resource):  # type: ignore[misc]
