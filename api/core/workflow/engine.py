@@ -85,6 +85,22 @@ class _Step:
     created_at: int
     started: float = dataclasses.field(default_factory=time.monotonic)
 
+    def fields(self) -> dict[str, Any]:
+        """What ``node_started`` and ``node_finished`` both say of the execution."""
+        return {
+            "id": self.execution_id,
+            "node_id": self.node.id,
+            "node_type": self.node.type,
+            "title": self.node.title,
+            "index": self.index,
+            "predecessor_node_id": self.predecessor,
+            "inputs": self.inputs,
+        }
+
+
+#: Dify's iteration and loop containers; this engine's graphs have none.
+_NO_LOOP = {"iteration_id": None, "loop_id": None}
+
 
 class WorkflowEngine:
     def __init__(
@@ -305,22 +321,7 @@ class WorkflowEngine:
         return True
 
     def _node_started(self, step: _Step) -> dict[str, Any]:
-        return self._event(
-            "node_started",
-            {
-                "id": step.execution_id,
-                "node_id": step.node.id,
-                "node_type": step.node.type,
-                "title": step.node.title,
-                "index": step.index,
-                "predecessor_node_id": step.predecessor,
-                "inputs": step.inputs,
-                "created_at": step.created_at,
-                "extras": {},
-                "iteration_id": None,
-                "loop_id": None,
-            },
-        )
+        return self._event("node_started", {**step.fields(), "created_at": step.created_at, "extras": {}, **_NO_LOOP})
 
     def _node_finished(
         self,
@@ -335,13 +336,7 @@ class WorkflowEngine:
         return self._event(
             "node_finished",
             {
-                "id": step.execution_id,
-                "node_id": step.node.id,
-                "node_type": step.node.type,
-                "title": step.node.title,
-                "index": step.index,
-                "predecessor_node_id": step.predecessor,
-                "inputs": step.inputs,
+                **step.fields(),
                 "process_data": {} if process_data is None else process_data,
                 "outputs": outputs,
                 "status": status,
@@ -351,8 +346,7 @@ class WorkflowEngine:
                 "created_at": step.created_at,
                 "finished_at": now(),
                 "files": [],
-                "iteration_id": None,
-                "loop_id": None,
+                **_NO_LOOP,
             },
         )
 
