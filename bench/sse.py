@@ -12,10 +12,11 @@ fresh stack:
   the producer's ``time.time()`` (``pN@<stamp>``);
 - ``--runs`` runs of start → human input (pause) → LLM (``--tokens`` probe tokens, ``--rate`` per
   second) → end. All runs are started and paused first; then N clients (``bench.sse_load``, several
-  asyncio processes on raw sockets) follow them round-robin via
-  ``GET /v1/workflow/<task_id>/events?continue_on_pause=true``;
+  asyncio processes on raw sockets) follow them round-robin from their beginning via
+  ``GET /v1/workflow/<task_id>/events?continue_on_pause=true&include_state_snapshot=true``;
 - **idle**: with every client connected to a paused run, the worker's CPU share over ``--idle`` s;
-- **streaming**: every run is resumed at once; clients read until ``workflow_finished``.
+- **streaming**: every run's form is submitted (``POST /v1/form/human_input/<form_token>``) at once;
+  clients read until ``workflow_finished``.
 
 Per row: latency (client receive - producer stamp) p50/p99/max, the worker's CPU µs per delivered
 probe event (its CPU time over the streaming phase / deliveries), its RSS growth per connection
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -138,48 +140,54 @@ def request_snapshot(directory: pathlib.Path, name: str, timeout: float = 120) -
         time.sleep(0.2)
 
 
-def _post(url: str, path: str, key: str, body: dict[str, Any]) -> requests.Response:
-    return requests.post(f"{url}{path}", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+def _post(url: str, path: str, key: str, body: dict[str, Any], timeout: float = 30) -> requests.Response:
+    return requests.post(f"{url}{path}", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=timeout)
 
 
-def start_paused_runs(url: str, key: str, runs: int, timeout: float = 120) -> list[tuple[str, str]]:
-    """Start ``runs`` async runs and wait until each is paused; returns (task_id, workflow_run_id)."""
+@dataclasses.dataclass(frozen=True)
+class PausedRun:
+    task_id: str
+    workflow_run_id: str
+    #: The open form's token and the action it is submitted with.
+    form_token: str
+    action: str
+
+
+def start_paused_runs(url: str, key: str, runs: int, timeout: float = 120) -> list[PausedRun]:
+    """Start ``runs`` runs in blocking mode: each is answered once it pauses, with its open form."""
     started = []
     for index in range(runs):
         answer = _post(
-            url, "/v1/workflows/run", key, {"inputs": {"name": f"r{index}"}, "user": USER, "response_mode": "async"}
+            url,
+            "/v1/workflows/run",
+            key,
+            {"inputs": {"name": f"r{index}"}, "user": USER, "response_mode": "blocking"},
+            timeout,
         )
         answer.raise_for_status()
-        started.append((answer.json()["task_id"], answer.json()["workflow_run_id"]))
-    deadline = time.monotonic() + timeout
-    waiting = {run_id for _, run_id in started}
-    while waiting:
-        for run_id in list(waiting):
-            detail = requests.get(
-                f"{url}/v1/workflows/run/{run_id}?user={USER}", headers={"Authorization": f"Bearer {key}"}, timeout=30
-            )
-            if detail.json().get("status") == "paused":
-                waiting.discard(run_id)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(waiting)} runs never paused")
-        time.sleep(0.2)
+        body = answer.json()
+        data = body["data"]
+        if data.get("status") != "paused" or not data.get("reasons"):
+            raise RuntimeError(f"run {body['workflow_run_id']} did not pause: {data.get('status')}")
+        (reason,) = data["reasons"]
+        action = reason["actions"][0]["id"]
+        started.append(PausedRun(body["task_id"], body["workflow_run_id"], reason["form_token"], action))
     return started
 
 
-def resume_runs(url: str, key: str, runs: list[tuple[str, str]], spread: float = 0.0) -> None:
-    """Resume every run, the i-th ``i / len(runs) * spread`` seconds after the first (0: all at once)."""
+def resume_runs(url: str, key: str, runs: list[PausedRun], spread: float = 0.0) -> None:
+    """Submit every run's form, the i-th ``i / len(runs) * spread`` seconds after the first (0: all at once)."""
     started = time.monotonic()
 
-    def resume(index: int, run_id: str) -> None:
+    def resume(index: int, run: PausedRun) -> None:
         delay = started + index / len(runs) * spread - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        answer = _post(
-            url, f"/v1/workflows/runs/{run_id}/human-input", key, {"user": USER, "inputs": {"approved": True}}
-        )
+        body = {"inputs": {"approved": True}, "action": run.action, "user": USER}
+        answer = _post(url, f"/v1/form/human_input/{run.form_token}", key, body)
         answer.raise_for_status()
 
-    threads = [threading.Thread(target=resume, args=(index, run_id)) for index, (_, run_id) in enumerate(runs)]
+    threads = [threading.Thread(target=resume, args=(index, run)) for index, run in enumerate(runs)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -300,7 +308,7 @@ def measure(
         worker = psutil.Process(server.worker_pids()[0])
         key = served.create_app(probe_workflow(tokens, rate))
         started = start_paused_runs(url, key, runs)
-        task_ids = [started[index % runs][0] for index in range(clients)]
+        task_ids = [started[index % runs].task_id for index in range(clients)]
 
         snapshots = env.get("PROFILE_WORKER_DIR") if env.get("PROFILE_WORKER_TRACEMALLOC") else None
         if snapshots:

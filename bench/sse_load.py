@@ -4,12 +4,13 @@ Started as ``python -m bench.sse_load`` with a JSON job on stdin::
 
     {"host", "port", "key", "user", "task_ids": [...one per client...], "connect_concurrency", "deadline_s"}
 
-Each client sends ``GET /v1/workflow/<task_id>/events?user=…&continue_on_pause=true`` as HTTP/1.0
-(the body is then the plain SSE text, ended by the server closing the connection), reads the lines
-and looks only at what it needs: the probe tokens (``"text":"pN@<stamp>"`` in a ``text_chunk``) and
-the ``workflow_finished`` that ends the run, after which it reads on to the server's close. A client
-costs one socket, one ``StreamReader`` and a few counters, so a few processes hold thousands of
-clients without being the bottleneck.
+Each client sends ``GET /v1/workflow/<task_id>/events?user=…&continue_on_pause=true&include_state_snapshot=true``
+as HTTP/1.0 (the body is then the plain SSE text, ended by the server closing the connection;
+without ``include_state_snapshot`` the server would start at the run's tail instead of replaying the
+run up to its pause), reads the lines and looks only at what it needs: the probe tokens
+(``"text":"pN@<stamp>"`` in a ``text_chunk``) and the ``workflow_finished`` that ends the run, after
+which it reads on to the server's close. A client costs one socket, one ``StreamReader`` and a few
+counters, so a few processes hold thousands of clients without being the bottleneck.
 
 Prints one JSON line when every client has its answer's headers (``{"ready": …}``), and one when all
 are done or the deadline passed (``{"done": …}``): counts of answers, order checks, and the
@@ -59,7 +60,8 @@ async def follow(
     job: dict[str, Any], task_id: str, totals: Totals, gate: asyncio.Semaphore, all_answered: asyncio.Event
 ) -> None:
     request = (
-        f"GET /v1/workflow/{task_id}/events?user={job['user']}&continue_on_pause=true HTTP/1.0\r\n"
+        f"GET /v1/workflow/{task_id}/events?user={job['user']}&continue_on_pause=true&include_state_snapshot=true"
+        " HTTP/1.0\r\n"
         f"Host: {job['host']}:{job['port']}\r\nAuthorization: Bearer {job['key']}\r\nAccept: text/event-stream\r\n\r\n"
     ).encode()
     writer = None

@@ -502,6 +502,16 @@ def _path_id(target: Target, rng: random.Random) -> _Built:
         ),
         ("GET", "/api/workflow/{}/events", target.web_run.task_id, "task_not_found", None),
         ("POST", "/api/workflows/tasks/{}/stop", target.web_run.task_id, "task_not_found", None),
+        # The target's runs open no form: any form token, however close to a genuine id, is unknown.
+        ("GET", "/v1/form/human_input/{}", target.run.run_id, "not_found", None),
+        (
+            "POST",
+            "/v1/form/human_input/{}",
+            target.run.run_id,
+            "not_found",
+            _dumps({"user": target.user, "inputs": {}, "action": "submit"}),
+        ),
+        ("GET", "/api/form/human_input/{}", target.web_run.run_id, "not_found", None),
     ]
     method, template, genuine, code, body = rng.choice(routes)
     auth = target.passport if template.startswith("/api/") else key
@@ -521,7 +531,9 @@ def _query_user(target: Target, rng: random.Random) -> _Built:
             # A query string cannot carry a lone surrogate: its percent-encoded bytes decode to U+FFFD.
             (f"user={_q(_unstorable_user(target, rng, surrogates=False))}", INVALID_PARAM),
             (f"user={'u' * rng.randint(256, 2000)}", INVALID_PARAM),
-            (rng.choice(["", "user=", "user=%20", "user=%09", "users=x", f"USER={user}"]), INVALID_PARAM),
+            (rng.choice(["user=", "user=%20", "user=%09"]), INVALID_PARAM),
+            # No user at all: the events need one; a run's detail, as Dify documents it, does not.
+            (rng.choice(["", "users=x", f"USER={user}"]), INVALID_PARAM if events else OK),
             (f"user={_q(target.other_user)}", not_found),
             (rng.choice(["user=%ff", "user=%zz", "user=%", f"user={user}%C3"]), not_found),
             (f"user={_q(target.other_user)}&user={user}", not_found),
@@ -530,6 +542,33 @@ def _query_user(target: Target, rng: random.Random) -> _Built:
         ]
     )
     return _Built(HttpRequest("GET", path + "?" + query, (_bearer(target.api_key),)), expect)
+
+
+# --- Idempotency-Key -------------------------------------------------------------------------------
+
+_VISIBLE_ASCII = "".join(chr(c) for c in range(0x21, 0x7F))
+
+
+def _idempotency_key(target: Target, rng: random.Random) -> _Built:
+    """A run's POST with an ``Idempotency-Key``: 1 to 255 visible ASCII characters, else 400."""
+    genuine = _random_text(rng, _VISIBLE_ASCII, 1, 255)
+    index = _index(rng, 1, len(genuine))
+    key, expect = rng.choice(
+        [
+            (genuine, ACCEPTED),
+            (_random_text(rng, _VISIBLE_ASCII, 255, 255), ACCEPTED),
+            (_random_text(rng, _VISIBLE_ASCII, 256, 2000), INVALID_PARAM),
+            # Inside the key (HTTP drops whitespace around a header's value, not within it).
+            (
+                genuine[:index] + rng.choice([" ", "\t", "é", "\xa0", "\x7f", "\x01"]) + "k" + genuine[index:],
+                INVALID_PARAM,
+            ),
+        ]
+    )
+    headers = (_bearer(target.api_key), ("Content-Type", "application/json"), ("Idempotency-Key", key))
+    # A body of its own per case: the same key with another body would be a reuse (422).
+    body = _dumps(_run_body(target, inputs={target.input_name: key}))
+    return _Built(HttpRequest("POST", "/v1/workflows/run", headers, body), expect)
 
 
 # --- credentials ----------------------------------------------------------------------------------
@@ -624,6 +663,7 @@ KINDS: dict[str, tuple[int, Builder]] = {
     "body.human_input_inputs": (1, _human_input_wrong_inputs),
     "body.web_run": (1, _web_run),
     "path.id": (8, _path_id),
+    "header.idempotency_key": (2, _idempotency_key),
     "query.user": (5, _query_user),
     "auth.api_key": (4, _api_key),
     "auth.site_code": (2, _site_code),

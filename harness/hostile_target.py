@@ -70,7 +70,7 @@ def _streamed_run(transport: Transport, path: str, credential: str, user: str | 
     if user is not None:
         body["user"] = user
     headers = (("Authorization", f"Bearer {credential}"), ("Content-Type", "application/json"))
-    # Workflow events are the messages without an SSE event name (not the run_created preamble, not pings).
+    # Workflow events are the messages without an SSE event name (not pings, not an older server's notices).
     streamed = transport.read_stream(HttpRequest("POST", path, headers, json.dumps(body).encode()))
     messages = [m for m in streamed if m.event is None]
     events = [m.json for m in messages]

@@ -1,9 +1,13 @@
 """An SSE client that follows one run to its end the way a browser would, over real HTTP.
 
-It starts a streaming run, drops its connection on purpose after chosen numbers of events (or loses
-it to a fault), and reconnects with ``Last-Event-ID`` to a randomly chosen server until it has read
-``workflow_finished``, got a 410, or run out of time. Every connection is recorded as a
-:class:`Connection`, so a caller can check each resumed stream against the stored run.
+It starts a streaming run (with an ``Idempotency-Key``, so a POST that got no answer is sent again
+without starting a second run), learns the run's ids from the answer's headers, drops its connection
+on purpose after chosen numbers of events (or loses it to a fault), and reconnects with
+``Last-Event-ID`` to a randomly chosen server until it has read ``workflow_finished``, got a 410, or
+run out of time. A reconnect before any event asks for the run from its beginning
+(``include_state_snapshot``): without a position the server would start at the run's tail. Every
+connection is recorded as a :class:`Connection`, so a caller can check each resumed stream against
+the stored run.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import dataclasses
 import json
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -34,7 +39,8 @@ class Received:
 @dataclasses.dataclass
 class Connection:
     url: str
-    #: The ``Last-Event-ID`` sent (``None`` for the streaming POST and for reconnects before any event).
+    #: The ``Last-Event-ID`` sent (``None`` for the streaming POST and for reconnects before any event
+    #: with an id).
     last_event_id: str | None
     #: The event that id belonged to, as this client received it.
     anchor: dict[str, Any] | None
@@ -43,7 +49,7 @@ class Connection:
     #: An error body: the JSON of a non-200 answer, or of an ``event: error`` message.
     error: dict[str, Any] | None = None
     #: finished | dropped (on purpose) | broken (transport error) | eof (closed without an end)
-    #: | error (``event: error``) | http (a non-200 answer) | refused (no connection)
+    #: | error (``event: error``) | http (a non-200 answer) | refused (no answer)
     ended: str = ""
 
     @property
@@ -105,6 +111,8 @@ class Follower:
         #: A live-only client misses events, so it measures by the event's place in a whole run.
         self.progress = progress
         self.run = FollowedRun()
+        #: Sent with every attempt of the run's POST: the server starts one run for all of them.
+        self.idempotency_key = str(uuid.uuid4())
         self._last: Received | None = None
         self._count = 0
 
@@ -120,18 +128,10 @@ class Follower:
         return {"Authorization": f"Bearer {self.key}", "Connection": "close"}
 
     def _follow(self) -> None:
-        url = self.rng.choice(self.urls)
-        connection = Connection(url, None, None)
-        self.run.connections.append(connection)
-        body: dict[str, Any] = {"inputs": self.inputs, "user": self.user, "response_mode": "streaming"}
-        try:
-            response = requests.post(
-                f"{url}/v1/workflows/run", json=body, headers=self._headers(), stream=True, timeout=TIMEOUTS
-            )
-        except requests.RequestException as exc:
-            connection.ended = "refused"
-            self.run.failure = f"the run could not be started: {exc}"
+        started = self._start()
+        if started is None:
             return
+        connection, response = started
         self.run.task_id = response.headers.get("X-Task-Id")
         self.run.run_id = response.headers.get("X-Workflow-Run-Id")
         self._read(connection, response)
@@ -139,12 +139,33 @@ class Follower:
             if time.monotonic() >= self.deadline:
                 self.run.failure = "the client gave up: deadline passed"
                 return
-            if self.run.task_id is None:
+            if self.run.task_id is None and self.run.run_id is None:
                 self.run.failure = "the streaming answer named no run"
                 return
             if connection.ended not in ("dropped",):
                 time.sleep(RETRY_PAUSE)  # the server or the store is away: do not hammer it
             connection = self._reconnect()
+
+    def _start(self) -> tuple[Connection, requests.Response] | None:
+        """The run's streaming POST, sent again with the same key until one is answered (or the deadline)."""
+        body: dict[str, Any] = {"inputs": self.inputs, "user": self.user, "response_mode": "streaming"}
+        headers = {**self._headers(), "Idempotency-Key": self.idempotency_key}
+        while True:
+            url = self.rng.choice(self.urls)
+            connection = Connection(url, None, None)
+            self.run.connections.append(connection)
+            try:
+                response = requests.post(
+                    f"{url}/v1/workflows/run", json=body, headers=headers, stream=True, timeout=TIMEOUTS
+                )
+            except requests.RequestException as exc:
+                connection.ended = "refused"
+                if time.monotonic() >= self.deadline:
+                    self.run.failure = f"the run could not be started: {exc}"
+                    return None
+                time.sleep(RETRY_PAUSE)
+                continue
+            return connection, response
 
     def _done(self) -> bool:
         return self.run.finished or self.run.gone is not None or self.run.failure is not None
@@ -157,9 +178,12 @@ class Follower:
         headers = self._headers()
         if last is not None and last.id is not None:
             headers["Last-Event-ID"] = last.id
+        # Before any event the run is asked for from its beginning; after events without ids (a
+        # live-only transport) there is nothing to resume, and the client starts afresh.
+        query = f"user={self.user}" + ("&include_state_snapshot=true" if self._count == 0 else "")
         try:
             response = requests.get(
-                f"{url}/v1/workflow/{self.run.task_id}/events?user={self.user}",
+                f"{url}/v1/workflow/{self.run.run_id or self.run.task_id}/events?{query}",
                 headers=headers,
                 stream=True,
                 timeout=TIMEOUTS,
@@ -186,13 +210,9 @@ class Follower:
             response.close()
 
     def _consume(self, connection: Connection, messages: Iterator[SseMessage]) -> str:
+        if self._count == 0 and self._cut_now(0):
+            return "dropped"  # before any event: only the response's headers named the run
         for message in messages:
-            if message.event == "run_created":
-                self.run.task_id = message.json["task_id"]
-                self.run.run_id = message.json["workflow_run_id"]
-                if self._cut_now(0):
-                    return "dropped"
-                continue
             if message.event == "error":
                 connection.error = _json_or_text(message.data.encode())
                 if connection.error.get("status") == 410:
@@ -239,15 +259,30 @@ def random_cuts(rng: random.Random, count: int, expected_events: int) -> list[in
     return sorted(rng.sample(range(expected_events), min(count, expected_events)))
 
 
-def read_run(url: str, key: str, task_id: str, *, user: str = "u1", last_event_id: str | None = None) -> Connection:
-    """One reconnect to a run's events, read to its end (or until the server ends the response)."""
+def read_run(
+    url: str,
+    key: str,
+    run_id: str,
+    *,
+    user: str = "u1",
+    last_event_id: str | None = None,
+    include_state_snapshot: bool | None = None,
+) -> Connection:
+    """One reconnect to a run's events (``run_id``: its workflow run id or its task id), read to its end
+    (or until the server ends the response).
+
+    ``include_state_snapshot`` defaults to reading the run from its beginning when no
+    ``last_event_id`` is given (the server's own default is the run's tail).
+    """
     connection = Connection(url, last_event_id, None)
     headers = {"Authorization": f"Bearer {key}", "Connection": "close"}
     if last_event_id is not None:
         headers["Last-Event-ID"] = last_event_id
+    snapshot = last_event_id is None if include_state_snapshot is None else include_state_snapshot
+    query = f"user={user}" + ("&include_state_snapshot=true" if snapshot else "")
     try:
         response = requests.get(
-            f"{url}/v1/workflow/{task_id}/events?user={user}", headers=headers, stream=True, timeout=TIMEOUTS
+            f"{url}/v1/workflow/{run_id}/events?{query}", headers=headers, stream=True, timeout=TIMEOUTS
         )
     except requests.RequestException:
         connection.ended = "refused"

@@ -262,7 +262,9 @@ class StalledClient:
         self._connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         self._connection.sock = sock
         self._connection.request(
-            "GET", f"/v1/workflow/{task_id}/events?user=u1", headers={"Authorization": f"Bearer {key}"}
+            "GET",
+            f"/v1/workflow/{task_id}/events?user=u1&include_state_snapshot=true",
+            headers={"Authorization": f"Bearer {key}"},
         )
         self._response = self._connection.getresponse()  # the status line and headers only
 

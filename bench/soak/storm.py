@@ -3,9 +3,10 @@
 Two gunicorn servers on two ports (one gevent worker each) stand for an API behind a load balancer;
 every connection, the first POST and each reconnect, goes to one of them chosen at random. Each
 client starts a short streaming run, drops its connection after ``drops`` random numbers of events
-(0 means right after ``run_created``, before any event) and reconnects with the ``Last-Event-ID``
-of the last event it read. Its copy of the run is then matched event by event against the stored
-run: lost, duplicated, reordered and foreign events must all be 0 on every durable-stream store.
+(0 means as soon as the response's headers name the run, before any event) and reconnects with the
+``Last-Event-ID`` of the last event it read (before any event: from the run's beginning). Its copy of
+the run is then matched event by event against the stored run: lost, duplicated, reordered and
+foreign events must all be 0 on every durable-stream store.
 
 The broadcast channel (``WORKFLOW_EVENT_TRANSPORT=broadcast_channel``) takes the same storm as the
 baseline: it has nothing to resume from, so what a client misses while disconnected is lost; its

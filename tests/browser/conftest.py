@@ -13,12 +13,15 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
+from sqlalchemy import func, select
 
 from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED
 from api.extensions.ext_durable_stream import durable_stream
 from api.extensions.ext_resume_token import resume_token_codec
+from api.models import WorkflowRun
+from api.models.engine import db
 from harness.served_stack import ServedStack
 
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
@@ -82,3 +85,14 @@ def open_tokens(stack: ServedStack, run_id: str, tokens: list[str]) -> list[str]
 def trim_topic(stack: ServedStack, run_id: str, keep_last: int) -> None:
     with stack.app.app_context():
         durable_stream().admin.trim_topic(workflow_run_topic("workflow", run_id), keep_last)
+
+
+def runs_with_input(stack: ServedStack, user: str, marker: str) -> int:
+    """How many runs of ``user`` hold ``marker`` (a value unique to one test) in their inputs."""
+    query = select(func.count()).where(WorkflowRun.end_user == user, WorkflowRun.inputs_json.contains(marker))
+    with stack.app.app_context():
+        try:
+            count: int = db.session.execute(query).scalar_one()
+            return count
+        finally:
+            db.session.remove()

@@ -3,21 +3,26 @@ workers) and a Celery worker, reached through a TCP relay the test controls.
 
 A run is started from the page; its connection is dropped three ways while the LLM node streams
 (the page's button, the network cutting every connection, the API worker serving the stream killed);
-the run pauses, the page's form is filled in and the run resumes. What the page rendered must be the
-stored run exactly: the same events in the same order, each id sealing that event's own position.
+the run pauses, the page's form (built from the event's field definitions and actions) is filled in
+and submitted by its token, and the run resumes. What the page rendered must be the stored run
+exactly: the same events in the same order, each id sealing that event's own position. The page can
+also follow an existing run from its beginning, and a start cut before its answer is sent again with
+the same ``Idempotency-Key`` and makes one run.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psutil
 import pytest
-from playwright.sync_api import Page
+import requests
+from playwright.sync_api import Page, Request
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from sqlalchemy import select
 
@@ -28,7 +33,7 @@ from harness.app_env import base_env
 from harness.served_stack import GunicornServer, ServedStack
 from harness.tcp_relay import TcpRelay, http_response
 from tests.app.test_service_api import slow_greeting
-from tests.browser.conftest import open_tokens, stored_events, trim_topic
+from tests.browser.conftest import open_tokens, runs_with_input, stored_events, trim_topic
 
 #: Long enough an LLM stream (4 s or more) for three cuts (about 1.5 s in all), each followed by more of it.
 TOKENS = 400
@@ -95,6 +100,8 @@ def test_the_demo_survives_three_cuts_and_renders_the_stored_run_exactly(
     page: Page, stack: ServedStack, relay: TcpRelay, tmp_path: pathlib.Path
 ) -> None:
     key = stack.create_app(slow_greeting(delay=TOKEN_DELAY, tokens=TOKENS))
+    sent: list[str] = []
+    page.on("request", lambda request: sent.append(f"{request.method} {request.url.removeprefix(relay.url)}"))
     page.goto(f"{relay.url}/demo")
     page.fill("#api-key", key)
     page.fill("#inputs", json.dumps({"name": "Ada", "mood": "formal"}))
@@ -118,9 +125,12 @@ def test_the_demo_survives_three_cuts_and_renders_the_stored_run_exactly(
     # The run pauses for its human-input node; the page shows the form and resumes the run.
     wait_for_text(page, "#state", "paused")
     assert page.is_visible("#human-form")
+    assert page.text_content("#pause-title") == "Approve the greeting"
+    assert page.get_attribute("#human-approved", "type") == "checkbox"
+    assert page.get_attribute("#human-note", "type") == "text"
     page.check("#human-approved")
     page.fill("#human-note", "fine")
-    page.click("#human-submit")
+    page.click("#human-action-submit")
     wait_for_text(page, "#state", "finished")
 
     run_id = page.text_content("#run-id")
@@ -143,6 +153,11 @@ def test_the_demo_survives_three_cuts_and_renders_the_stored_run_exactly(
     notes = page.eval_on_selector_all("#notes li.reconnect", "rows => rows.map(r => r.textContent)")
     assert len(notes) == 3 and "(dropped)" in notes[0], notes
     assert killed not in server.worker_pids()
+    # The form went by its token (the human_input_required event's), with the button's action.
+    (form,) = [event for _, event in stored if event["event"] == "human_input_required"]
+    assert f"POST /v1/form/human_input/{form['data']['form_token']}" in sent
+    (filled,) = [event for _, event in stored if event["event"] == "human_input_form_filled"]
+    assert filled["data"]["action_id"] == "submit"
 
     screenshot = tmp_path / "demo-page.png"
     page.screenshot(path=str(screenshot), full_page=True)
@@ -206,7 +221,7 @@ def test_errors_are_typed_and_retries_honour_retry_after(page: Page, stack: Serv
     first_id = run["events"][0][0]
     follow = {"apiKey": key, "user": user, "taskId": run["taskId"], "workflowRunId": run["runId"]}
 
-    unknown = settle(page, "followRun", **{**follow, "taskId": str(uuid.uuid4())})
+    unknown = settle(page, "followRun", **{**follow, "taskId": str(uuid.uuid4()), "workflowRunId": str(uuid.uuid4())})
     assert unknown["error"]["name"] == "NotFoundError" and unknown["error"]["status"] == 404
     forged = settle(page, "followRun", **follow, lastEventId="not-a-resume-token")
     assert forged["error"]["name"] == "BadRequestError" and forged["error"]["code"] == "invalid_resume_token"
@@ -249,3 +264,52 @@ def test_the_web_app_flavour_follows_a_run_with_a_passport(page: Page, stack: Se
     assert open_tokens(stack, run["runId"], [token for token, _ in run["events"]]) == [cursor for cursor, _ in stored]
     row = stack.run_row(run["runId"])
     assert row is not None and row["end_user"].startswith("web-")
+
+
+def test_the_demo_follows_an_existing_run_from_its_beginning(page: Page, stack: ServedStack, relay: TcpRelay) -> None:
+    key = stack.create_app(slow_greeting(delay=0.001, tokens=20))
+    answer = requests.post(
+        f"{stack.urls[0]}/v1/workflows/run",
+        json={"inputs": {"name": "Attach"}, "user": "demo-user", "response_mode": "blocking"},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+    run_id = answer.json()["workflow_run_id"]
+    sent: list[str] = []
+    page.on("request", lambda request: sent.append(request.url.removeprefix(relay.url)))
+    page.goto(f"{relay.url}/demo")
+    page.fill("#api-key", key)
+    page.fill("#attach-id", run_id)
+    page.click("#attach")
+    wait_for_text(page, "#state", "finished")
+    rows: list[str] = page.eval_on_selector_all("#events li", "rows => rows.map(r => r.dataset.payload)")
+    assert [json.loads(payload) for payload in rows] == [event for _, event in stored_events(stack, run_id)]
+    assert page.text_content("#task-id") == answer.json()["task_id"]
+    assert f"/v1/workflow/{run_id}/events?user=demo-user&include_state_snapshot=true" in sent
+
+
+def test_a_start_cut_before_its_answer_is_sent_again_and_makes_one_run(page: Page, stack: ServedStack) -> None:
+    key = stack.create_app(slow_greeting(delay=0.001, tokens=20))
+    armed = threading.Event()
+
+    def budget() -> int | None:
+        if armed.is_set():
+            armed.clear()
+            return 0  # the server reads the whole request; the browser gets no byte of the answer
+        return None
+
+    with TcpRelay([("127.0.0.1", stack.servers[0].port)], cut_after=budget) as cutting:
+        posts: list[Request] = []
+        page.on("request", lambda request: posts.append(request) if request.method == "POST" else None)
+        page.goto(f"{cutting.url}/demo", wait_until="networkidle")
+        cutting.cut_all("fin")  # the start then opens a connection of its own: the armed one
+        armed.set()
+        marker = f"browser-{uuid.uuid4()}"
+        run = settle(page, "streamRun", apiKey=key, user="idempotent", inputs={"name": marker})
+        assert cutting.cuts >= 1
+    assert run["status"] == "finished", run.get("error")
+    assert [info["reason"] for info in run["reconnects"]] == ["network"]
+    keys = {request.headers["idempotency-key"] for request in posts}
+    assert len(posts) == 2 and len(keys) == 1, "the start is sent again with the same key"
+    assert [event for _, event in run["events"]] == [event for _, event in stored_events(stack, run["runId"])]
+    assert runs_with_input(stack, "idempotent", marker) == 1

@@ -1,5 +1,7 @@
 """The module as a browser runs it: its SSE parser against crafted streams split at every byte, its
-resume loop against a stream cut in the middle of a message, and what a production server serves.
+resume loop against crafted answers (a stream cut in the middle of a message, a start cut before its
+answer or before its first event, a first attach, a form submitted by its token), and what a
+production server serves.
 
 The server here is a real ``gunicorn -k gevent`` on production-like settings (its own
 ``SECRET_KEY``, no ``DEMO_PAGE_ENABLED``): it serves the module, and ``/demo`` is a 404.
@@ -7,7 +9,9 @@ The server here is a real ``gunicorn -k gevent`` on production-like settings (it
 
 from __future__ import annotations
 
+import json
 import pathlib
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,8 +62,8 @@ CASES: list[tuple[str, str, list[dict[str, Any]], list[int], str]] = [
     ("comments", ": hello\n:\ndata: z\n: between fields\n\n:only a comment\n\n", [message("z")], [], ""),
     (
         "event types",
-        "event: ping\n\nevent: run_created\ndata: {}\n\ndata: plain\n\n",
-        [message("{}", "run_created"), message("plain")],
+        "event: ping\n\nevent: notice\ndata: {}\n\ndata: plain\n\n",
+        [message("{}", "notice"), message("plain")],
         [],
         "",
     ),
@@ -92,11 +96,10 @@ CASES: list[tuple[str, str, list[dict[str, Any]], list[int], str]] = [
     ),
     (
         "the server's shape",
-        'event: run_created\ndata: {"task_id":"t"}\n\nevent: ping\n\n'
+        "event: ping\n\n"
         'id: AQNk-_1\ndata: {"event":"workflow_started"}\n\n'
         'id: AQNk-_2\ndata: {"event":"text_chunk"}\n\nid: AQNk-_3\ndata: {"event":"workflow_finished"}\n\n',
         [
-            message('{"task_id":"t"}', "run_created"),
             message('{"event":"workflow_started"}', "message", "AQNk-_1", True),
             message('{"event":"text_chunk"}', "message", "AQNk-_2", True),
             message('{"event":"workflow_finished"}', "message", "AQNk-_3", True),
@@ -153,8 +156,8 @@ CUT_MID_MESSAGE = """
 async (modulePath) => {
   const { streamRun } = await import(modulePath);
   const bodies = [
-    ['event: run_created\\ndata: {"event":"run_created","task_id":"t1","workflow_run_id":"r1"}\\n\\n',
-     "retry: 40\\n\\n", 'id: a\\ndata: {"event":"workflow_started"}\\n\\nid: b\\ndata: {"event":"te',
+    ["event: ping\\n\\n", "retry: 40\\n\\n",
+     'id: a\\ndata: {"event":"workflow_started"}\\n\\nid: b\\ndata: {"event":"te',
      'xt_chunk","data":{"text":"1"}}\\r\\n\\r', '\\nid: c\\ndata: {"event":"text_chunk","data":{"te'],
     [": resumed\\n\\nevent: ping\\n\\n", 'id: c\\ndata: {"event":"text_chunk","data":{"text":"2"}}\\n\\n',
      'id: d\\ndata: {"event":"workflow_finished","data":{"status":"succeeded"}}\\n\\n',
@@ -168,7 +171,9 @@ async (modulePath) => {
     const body = new ReadableStream({
       start(c) { for (const chunk of chunks) c.enqueue(encoder.encode(chunk)); c.close(); },
     });
-    return new Response(body, { status: 200, headers: { "Content-Type": "text/event-stream" } });
+    // Only the start's answer names the run, in its headers.
+    const ids = requests.length === 1 ? { "X-Task-Id": "t1", "X-Workflow-Run-Id": "r1" } : {};
+    return new Response(body, { status: 200, headers: { "Content-Type": "text/event-stream", ...ids } });
   };
   const events = [];
   const reconnects = [];
@@ -194,8 +199,10 @@ def test_a_stream_cut_mid_message_resumes_after_the_last_whole_event(module_page
     post, resume = result["requests"]
     assert post["method"] == "POST" and post["url"] == "/v1/workflows/run"
     assert post["headers"]["Authorization"] == "Bearer app-k"
+    assert uuid.UUID(post["headers"]["Idempotency-Key"]).version == 4, "a fresh random key by default"
     assert post["body"] == '{"inputs":{"name":"Ada"},"response_mode":"streaming","user":"u 1"}'
-    assert resume["url"] == "/v1/workflow/t1/events?user=u+1"
+    # Resumed by the run's workflow run id from the headers, strictly after the last whole event.
+    assert resume["url"] == "/v1/workflow/r1/events?user=u+1"
     assert resume["headers"]["Last-Event-ID"] == "b" and resume["headers"]["Authorization"] == "Bearer app-k"
     (reconnect,) = result["reconnects"]
     assert reconnect["reason"] == "eof" and reconnect["lastEventId"] == "b" and reconnect["attempt"] == 1
@@ -203,6 +210,107 @@ def test_a_stream_cut_mid_message_resumes_after_the_last_whole_event(module_page
     assert result["outcome"]["status"] == "finished" and result["outcome"]["lastEventId"] == "d"
     assert result["outcome"]["taskId"] == "t1" and result["outcome"]["workflowRunId"] == "r1"
     assert result["lastEventId"] == "d" and result["state"] == "finished"
+
+
+# Runs in the page: ``scenario`` drives the module against answers scripted per request (``script``,
+# in order: ``{status, headers, chunks, cut}`` or ``{reject: true}``); returns what it sent and got.
+SCRIPTED = """
+async ([modulePath, script, scenario, options]) => {
+  const module = await import(modulePath);
+  const requests = [];
+  const encoder = new TextEncoder();
+  const scriptedFetch = async (url, init = {}) => {
+    requests.push({ url, method: init.method || "GET", headers: init.headers || {}, body: init.body || null });
+    const answer = script[requests.length - 1];
+    if (!answer || answer.reject) throw new TypeError("Failed to fetch");
+    const body = new ReadableStream({
+      start(c) {
+        for (const chunk of answer.chunks || []) c.enqueue(encoder.encode(chunk));
+        // A cut discards what was queued: the reader sees only the error.
+        if (answer.cut) c.error(new TypeError("network error")); else c.close();
+      },
+    });
+    return new Response(body, { status: answer.status || 200, headers: answer.headers || {} });
+  };
+  const events = [];
+  const common = { apiKey: "app-k", user: "u1", fetch: scriptedFetch, initialDelayMs: 1, ...options,
+                   onEvent: (event) => events.push(event.event) };
+  try {
+    if (scenario === "form") return { result: await module.submitForm(common), requests };
+    const stream = scenario === "run" ? module.streamRun({ inputs: {}, ...common }) : module.followRun(common);
+    const outcome = await stream.done;
+    return { status: outcome.status, events, requests, taskId: stream.taskId, runId: stream.workflowRunId,
+             replayed: stream.replayed, key: stream.idempotencyKey };
+  } catch (error) {
+    return { error: { name: error.name, message: error.message, status: error.status ?? null }, events, requests };
+  }
+}
+"""
+SSE = {"Content-Type": "text/event-stream"}
+IDS = {**SSE, "X-Task-Id": "t1", "X-Workflow-Run-Id": "r1"}
+STARTED = 'id: s\ndata: {"event":"workflow_started","data":{"reason":"initial"}}\n\n'
+FINISHED = 'id: f\ndata: {"event":"workflow_finished","data":{"status":"succeeded"}}\n\n'
+
+
+def scripted(page: Page, script: list[dict[str, Any]], scenario: str, **options: Any) -> dict[str, Any]:
+    result: dict[str, Any] = page.evaluate(SCRIPTED, [MODULE_PATH, script, scenario, options])
+    return result
+
+
+def test_a_start_cut_before_its_first_event_resumes_from_the_beginning_by_the_header_ids(module_page: Page) -> None:
+    script: list[dict[str, Any]] = [
+        {"headers": IDS, "chunks": ["event: ping\n\n"], "cut": True},
+        {"headers": SSE, "chunks": [STARTED, FINISHED]},
+    ]
+    result = scripted(module_page, script, "run")
+    assert result["status"] == "finished" and result["events"] == ["workflow_started", "workflow_finished"]
+    assert (result["taskId"], result["runId"]) == ("t1", "r1")
+    _, resume = result["requests"]
+    assert resume["url"] == "/v1/workflow/r1/events?user=u1&include_state_snapshot=true"
+    assert "Last-Event-ID" not in resume["headers"]
+
+
+def test_a_start_cut_before_its_answer_is_sent_again_with_the_same_key(module_page: Page) -> None:
+    answer = {"headers": {**IDS, "Idempotent-Replayed": "true"}, "chunks": [STARTED, FINISHED]}
+    result = scripted(module_page, [{"reject": True}, {"reject": True}, answer], "run")
+    assert result["status"] == "finished" and result["replayed"] is True
+    posts = result["requests"]
+    assert [request["method"] for request in posts] == ["POST"] * 3
+    assert {request["headers"]["Idempotency-Key"] for request in posts} == {result["key"]}
+
+    # A key of the caller's own is sent as given; without one a start that may have arrived is not repeated.
+    mine = scripted(module_page, [{"reject": True}, answer], "run", idempotencyKey="order-42")
+    assert [request["headers"]["Idempotency-Key"] for request in mine["requests"]] == ["order-42"] * 2
+    unkeyed = scripted(module_page, [{"reject": True}, answer], "run", idempotencyKey=False)
+    assert unkeyed["error"]["name"] == "TypeError" and len(unkeyed["requests"]) == 1
+    assert "Idempotency-Key" not in unkeyed["requests"][0]["headers"]
+
+
+def test_a_first_attach_asks_for_the_run_from_its_beginning(module_page: Page) -> None:
+    whole = [{"headers": SSE, "chunks": [STARTED, FINISHED]}]
+    first = scripted(module_page, whole, "follow", workflowRunId="r1")
+    assert first["requests"][0]["url"] == "/v1/workflow/r1/events?user=u1&include_state_snapshot=true"
+    tail = scripted(module_page, whole, "follow", workflowRunId="r1", fromStart=False)
+    assert tail["requests"][0]["url"] == "/v1/workflow/r1/events?user=u1"
+    after = scripted(module_page, whole, "follow", taskId="t1", lastEventId="s", passport="pp")
+    assert after["requests"][0]["url"] == "/api/workflow/t1/events?"
+    assert after["requests"][0]["headers"]["Last-Event-ID"] == "s"
+
+
+def test_a_form_is_submitted_by_its_token_with_its_first_action_by_default(module_page: Page) -> None:
+    form = {"form_content": "", "inputs": [], "user_actions": [{"id": "yes", "title": "Yes"}, {"id": "no"}]}
+    script: list[dict[str, Any]] = [
+        {"headers": {"Content-Type": "application/json"}, "chunks": [json.dumps(form)]},
+        {"chunks": ["{}"]},
+    ]
+    result = scripted(module_page, script, "form", formToken="tok/1", inputs={"approved": True})
+    get, post = result["requests"]
+    assert (get["method"], get["url"]) == ("GET", "/v1/form/human_input/tok%2F1")
+    assert (post["method"], post["url"]) == ("POST", "/v1/form/human_input/tok%2F1")
+    assert json.loads(post["body"]) == {"inputs": {"approved": True}, "action": "yes", "user": "u1"}
+    web = scripted(module_page, [{"chunks": ["{}"]}], "form", formToken="t", inputs={}, action="no", passport="pp")
+    (only,) = web["requests"]
+    assert only["url"] == "/api/form/human_input/t" and json.loads(only["body"]) == {"inputs": {}, "action": "no"}
 
 
 def test_the_module_is_served_and_the_demo_is_off_in_production(production_server: GunicornServer) -> None:

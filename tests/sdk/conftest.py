@@ -5,6 +5,9 @@ one gevent worker each (so a killed worker's client can resume on the other, as 
 balancer), one Celery worker, and a private Redis as the durable stream store (so a test can take
 the store away and bring it back without touching the shared server). Clients reach the servers
 through a :class:`~harness.tcp_relay.TcpRelay` the test controls.
+
+The app is imported only where the stack is used, so the tests that need no server (the client's
+parsing and decisions, against crafted answers) run whatever state the app is in.
 """
 
 from __future__ import annotations
@@ -18,14 +21,8 @@ from typing import Any
 
 import pytest
 from durable_workflow_client import RetryPolicy
-from sqlalchemy import select
+from sqlalchemy import func, select
 
-from api.core.app.apps.event_codec import unstamped
-from api.core.app.apps.topics import workflow_run_topic
-from api.core.durable_stream import CLOSED
-from api.extensions.ext_durable_stream import durable_stream
-from api.models import App
-from api.models.engine import db
 from harness.app_env import base_env
 from harness.processes import ROOT
 from harness.redis_server import RedisServer
@@ -39,7 +36,7 @@ FAST_RETRY = RetryPolicy(initial_delay=0.01, max_delay=0.5, max_attempts=20)
 
 def slow_greeting(delay: float, tokens: int) -> dict[str, Any]:
     """The greeting app whose LLM node streams ``tokens`` words, ``delay`` seconds apart."""
-    definition = copy.deepcopy(GREETING)
+    definition: dict[str, Any] = copy.deepcopy(GREETING)
     definition["name"] = f"Greeting of {tokens} words"
     definition["graph"]["nodes"][1]["response"] = " ".join(f"word{i}" for i in range(tokens))
     definition["graph"]["nodes"][1]["token_delay"] = delay
@@ -68,6 +65,9 @@ class Sdk:
             "long": stack.create_app(slow_greeting(0.01, 300)),
             "failing": stack.create_app(failing_greeting()),
         }
+        from api.models import App
+        from api.models.engine import db
+
         with stack.app.app_context():
             codes = {app.api_key: app.site_code for app in db.session.execute(select(App)).scalars()}
             db.session.remove()
@@ -83,6 +83,11 @@ class Sdk:
 
     def stored_events(self, run_id: str) -> list[dict[str, Any]]:
         """The run's events as its topic holds them, once the topic is sealed (the run is over)."""
+        from api.core.app.apps.event_codec import unstamped
+        from api.core.app.apps.topics import workflow_run_topic
+        from api.core.durable_stream import CLOSED
+        from api.extensions.ext_durable_stream import durable_stream
+
         with self.stack.app.app_context():
             topic = durable_stream().topic(workflow_run_topic("workflow", run_id))
             events = []
@@ -94,6 +99,9 @@ class Sdk:
 
     def trim(self, run_id: str, keep_last: int) -> None:
         """Retention passes the run: only its last ``keep_last`` events stay."""
+        from api.core.app.apps.topics import workflow_run_topic
+        from api.extensions.ext_durable_stream import durable_stream
+
         with self.stack.app.app_context():
             durable_stream().admin.trim_topic(workflow_run_topic("workflow", run_id), keep_last=keep_last)
 
@@ -101,6 +109,20 @@ class Sdk:
         row = self.stack.run_row(run_id)
         assert row is not None
         return row
+
+    def runs_with_input(self, user: str, marker: str) -> int:
+        """How many runs of ``user`` the app database holds whose inputs contain ``marker`` (a value
+        unique to one test): what a start sent twice must not have made more than one of."""
+        from api.models import WorkflowRun
+        from api.models.engine import db
+
+        query = select(func.count()).where(WorkflowRun.end_user == user, WorkflowRun.inputs_json.contains(marker))
+        with self.stack.app.app_context():
+            try:
+                count: int = db.session.execute(query).scalar_one()
+                return count
+            finally:
+                db.session.remove()
 
 
 @pytest.fixture(scope="package")

@@ -54,8 +54,10 @@ def test_async_pause_human_input_and_typed_errors(sdk: Sdk) -> None:
             async for event in stream:
                 events.append(event)
                 if isinstance(event, WorkflowPaused):
-                    assert stream.workflow_run_id is not None
-                    await client.submit_human_input(stream.workflow_run_id, "u1", {"approved": True})
+                    (reason,) = event.reasons
+                    form = await client.get_form(reason.form_token)
+                    assert [field.output_variable_name for field in form.inputs] == ["approved", "note"]
+                    await client.submit_form(reason.form_token, "u1", {"approved": True})
             assert stream.task_id is not None and stream.workflow_run_id is not None
             stream_reconnects.append(stream.reconnects)
             assert (await client.get_run(stream.workflow_run_id, "u1")).status == "succeeded"
@@ -64,6 +66,10 @@ def test_async_pause_human_input_and_typed_errors(sdk: Sdk) -> None:
                 [e async for e in client.follow(stream.task_id, "u1", after="garbage")]
             with pytest.raises(NotFoundError):
                 [e async for e in client.follow(UNKNOWN, "u1")]
+            from_start = [e.raw async for e in client.follow(stream.workflow_run_id, "u1")]
+            assert from_start == stored
+            tail = [e async for e in client.follow(stream.workflow_run_id, "u1", from_start=False)]
+            assert [e.event for e in tail] == ["workflow_finished"]
             sdk.trim(stream.workflow_run_id, keep_last=2)
             with pytest.raises(EventsGoneError) as gone:
                 [e async for e in client.follow(stream.task_id, "u1", after=events[1].id)]

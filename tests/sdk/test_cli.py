@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-from durable_workflow_client import Client
+from durable_workflow_client import Client, HumanInputRequired
 from durable_workflow_client.cli import main
 from rich.console import Console
 
@@ -42,30 +42,56 @@ def test_json_lines_equal_the_stored_run_across_cut_connections(sdk: Sdk) -> Non
     assert len(notes) >= 3 and all(note.startswith("dwe: ↻ reconnected") for note in notes), notes
 
 
-def test_the_live_view_through_a_pause_and_human_input(sdk: Sdk) -> None:
+def open_form(sdk: Sdk, run_id: str, user: str) -> HumanInputRequired:
+    """The form a paused run waits for, as its events (read from the beginning) announced it."""
+    with Client(sdk.stack.urls[0], sdk.keys["greeting"]) as client:
+        (form,) = [event for event in client.follow(run_id, user) if isinstance(event, HumanInputRequired)]
+    return form
+
+
+def test_the_live_view_through_a_pause_and_a_form(sdk: Sdk) -> None:
     base = ("--base-url", sdk.stack.urls[0], "--app-key", sdk.keys["greeting"])
     status, paused, _ = dwe("run", "--follow", "--until-pause", *base, "--inputs", '{"name": "Ada", "mood": "formal"}')
     assert status == 0
     assert "Draft a greeting" in paused and "Approve the greeting" in paused and "⏸ paused" in paused
     assert "Hello Ada! It is a wonderful day to build durable streams together." in paused
-    run_id = paused.split("dwe resume-input ")[1].split()[0]
+    run_id = paused.split("--follow-run ")[1].split()[0]
     assert sdk.run_row(run_id)["status"] == "paused"
+    form = open_form(sdk, run_id, "dwe")
+    # The view names the form's token (the line may wrap anywhere, even inside it).
+    assert f"dwesubmit-form{form.form_token}" in "".join(paused.split())
+
+    status, shown, _ = dwe("form", form.form_token, "--json", *base)
+    assert status == 0 and [action["id"] for action in json.loads(shown)["user_actions"]] == ["submit"]
 
     rng = random.Random(5)
     with sdk.relay(cut_after=lambda: rng.randint(600, 2000), seed=5) as relay:
         status, done, _ = dwe(
-            "resume-input", run_id, "--inputs", '{"approved": true}', "--follow", "--retry-delay", "0.01",
-            "--base-url", relay.url, "--app-key", sdk.keys["greeting"],
+            "submit-form", form.form_token, "--inputs", '{"approved": true}', "--follow-run", run_id,
+            "--retry-delay", "0.01", "--base-url", relay.url, "--app-key", sdk.keys["greeting"],
         )  # fmt: skip
     assert status == 0, done
     assert "✔ succeeded" in done and "(approved: true)" in done
     assert "↻ reconnected" in done, "the view should say it resumed"
+    # Followed from the run's beginning: the nodes before the pause are shown too.
     for title in ("Draft a greeting", "Approve the greeting", "formal_end"):
         assert title in done
 
+    status, _, err = dwe("submit-form", form.form_token, "--inputs", '{"approved": true}', *base)
+    assert status == 4 and "412 human_input_form_submitted" in err
+
+
+def test_resume_input_submits_a_paused_runs_form_by_the_run_id(sdk: Sdk) -> None:
+    base = ("--base-url", sdk.stack.urls[1], "--app-key", sdk.keys["greeting"])
+    status, started, _ = dwe("run", "--json", *base, "--inputs", '{"name": "Alias", "mood": "formal"}')
+    run_id = json.loads(started)["workflow_run_id"]
+    wait_until(lambda: sdk.run_row(run_id)["status"] == "paused", 30, "the run to pause")
+    status, done, _ = dwe("resume-input", run_id, "--inputs", '{"approved": false}', "--follow", *base)
+    assert status == 0 and "✔ succeeded" in done and "(approved: false)" in " ".join(done.split())
+
 
 def test_the_terminal_view_waits_through_a_pause_with_a_spinner(sdk: Sdk) -> None:
-    """In a terminal the view is live: the run pauses, the view waits (spinner), human input ends it."""
+    """In a terminal the view is live: the run pauses, the view waits (spinner), the form's submission ends it."""
     out = Console(record=True, width=110, file=io.StringIO(), force_terminal=True, color_system=None)
     statuses: list[int] = []
     argv = ["run", "--follow", "--base-url", sdk.stack.urls[0], "--app-key", sdk.keys["greeting"], "--user", "tty"]
@@ -77,15 +103,16 @@ def test_the_terminal_view_waits_through_a_pause_with_a_spinner(sdk: Sdk) -> Non
 
             def paused_run() -> str | None:
                 text = out.export_text(clear=False)
-                return text.split("dwe resume-input ")[1].split()[0] if "waiting for human input" in text else None
+                return text.split("--follow-run ")[1].split()[0] if "waiting for human input" in text else None
 
             run_id = wait_until(paused_run, 30, "the view to show the pause")
-            client.submit_human_input(run_id, "tty", {"approved": True})
+            client.submit_form(open_form(sdk, run_id, "tty").form_token, "tty", {"approved": True})
     finally:
         viewer.join(timeout=30)
     assert statuses == [0]
     text = out.export_text()
-    assert "waiting for human input (approved, note)" in text and "✔ succeeded" in text
+    assert "Approve the greeting: approved (boolean), note (text-input, optional); actions: submit" in text
+    assert "✔ succeeded" in text
 
 
 def test_exit_statuses_for_failed_stopped_and_refused(sdk: Sdk) -> None:
@@ -103,7 +130,17 @@ def test_exit_statuses_for_failed_stopped_and_refused(sdk: Sdk) -> None:
     status, _, err = dwe("follow", ids["task_id"], *base, "--app-key", "app-wrong")
     assert status == 4 and "401" in err
     status, _, err = dwe("follow", "nope", *base, "--app-key", sdk.keys["long"])
-    assert status == 4 and "404 task_not_found" in err
+    assert status == 4 and "404" in err
+
+    # From the tail, a finished run is its end; by either id.
+    status, tail, _ = dwe("follow", ids["workflow_run_id"], "--tail", "--json", *base, "--app-key", sdk.keys["long"])
+    assert status == 3 and [json.loads(line)["event"] for line in tail.splitlines()] == ["workflow_finished"]
+
+    # The same key starts one run: the second start answers with the first one's ids.
+    key = ("--idempotency-key", f"cli-{ids['task_id']}", "--app-key", sdk.keys["long"], "--json")
+    first = json.loads(dwe("run", *base, *key, "--inputs", '{"name": "K"}')[1])
+    assert json.loads(dwe("run", *base, *key, "--inputs", '{"name": "K"}')[1]) == first
+    dwe("stop", first["task_id"], *base, "--app-key", sdk.keys["long"])
 
 
 def test_the_installed_console_script(sdk: Sdk) -> None:

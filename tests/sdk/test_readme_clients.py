@@ -1,10 +1,13 @@
-"""The README's Python client example runs as written against the real stack."""
+"""The READMEs' Python client examples run as written against the real stack."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import re
+from typing import Any
+
+from durable_workflow_client import Client, WorkflowFinished
 
 from harness.processes import ROOT
 from tests.sdk.conftest import Sdk
@@ -24,3 +27,19 @@ def test_the_readme_client_example_runs(sdk: Sdk) -> None:
         "paused; the token to resume from: True",
         f"succeeded {greeting} (approved: true)",
     ]
+
+
+def test_the_client_readme_examples_run(sdk: Sdk) -> None:
+    readme = (ROOT / "sdk" / "python" / "README.md").read_text()
+    streaming, forms = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    streaming = streaming.replace("http://127.0.0.1:5001", sdk.stack.urls[0]).replace("app-…", sdk.keys["greeting"])
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        exec(compile(streaming, "sdk/python/README.md", "exec"), {})
+    assert output.getvalue().splitlines()[-1].split()[0] == "succeeded"
+
+    with Client(sdk.stack.urls[0], sdk.keys["greeting"]) as client:
+        scope: dict[str, Any] = {"client": client}
+        exec(compile(forms, "sdk/python/README.md", "exec"), scope)
+        assert scope["fields"] == [("approved", "boolean"), ("note", "text-input")]
+        assert isinstance(scope["event"], WorkflowFinished) and scope["event"].status == "succeeded"

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 import threading
+import uuid
+from collections.abc import Iterator
 
+import httpx
 import pytest
 from durable_workflow_client import (
     Client,
@@ -75,6 +78,52 @@ def test_a_web_client_resumes_the_same_way(sdk: Sdk) -> None:
     assert client.passport.end_user.startswith("web-")
 
 
+class BodyCutOnce(httpx.BaseTransport):
+    """Hands the first run's POST answer over with its status and headers, and breaks its body before
+    a byte of it is read: a client cut between the response headers and the first event."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.cut = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        if request.method != "POST" or self.cut:
+            return response
+        self.cut += 1
+        assert isinstance(response.stream, httpx.SyncByteStream)
+        response.stream.close()  # the connection goes, as the network took it
+        return httpx.Response(response.status_code, headers=response.headers, stream=Broken())
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Broken(httpx.SyncByteStream):
+    def __iter__(self) -> Iterator[bytes]:
+        raise httpx.ReadError("the connection was cut before the first event")
+        yield b""  # a generator: the error comes when the body is read
+
+
+def test_a_client_cut_before_the_first_event_resumes_by_the_ids_of_the_headers(sdk: Sdk) -> None:
+    notes: list[ReconnectInfo] = []
+    name = f"headers-{uuid.uuid4()}"
+    transport = BodyCutOnce()
+    with (
+        httpx.Client(transport=transport, timeout=30) as http,
+        Client(sdk.stack.urls[0], sdk.keys["slow"], retry=FAST_RETRY, on_reconnect=notes.append, http_client=http) as c,
+    ):
+        stream = c.run({"name": name}, "u1")
+        events = list(stream)
+    assert transport.cut == 1
+    (note,) = notes
+    assert note.last_event_id is None, "no event came before the cut: only the headers named the run"
+    assert stream.workflow_run_id is not None and not stream.replayed
+    # The reconnect asked for the run from its beginning (without a position the server starts at its tail).
+    assert raw(events) == sdk.stored_events(stream.workflow_run_id)
+    assert sdk.runs_with_input("u1", name) == 1
+
+
 def test_a_killed_api_worker_mid_stream_is_invisible(sdk: Sdk) -> None:
     notes: list[ReconnectInfo] = []
     with sdk.relay() as relay:
@@ -142,8 +191,15 @@ def test_a_store_outage_is_retried_within_the_budget(sdk: Sdk) -> None:
             on_reconnect=notes.append,
         )
         sdk.store.kill()
-        results: list[list[Event]] = []
-        follower = threading.Thread(target=lambda: results.append(list(patient.follow(outcome.task_id, "u1"))))
+        results: list[list[Event] | EventsGoneError] = []
+
+        def follow() -> None:
+            try:
+                results.append(list(patient.follow(outcome.workflow_run_id, "u1")))
+            except EventsGoneError as gone:
+                results.append(gone)
+
+        follower = threading.Thread(target=follow)
         try:
             follower.start()
             wait_until(lambda: len(notes) >= 3, 30, "the client to be refused a few times")
@@ -152,11 +208,15 @@ def test_a_store_outage_is_retried_within_the_budget(sdk: Sdk) -> None:
             sdk.store.start()
         follower.join(timeout=30)
         patient.close()
-    (events,) = results
+        tail = list(client.follow(outcome.workflow_run_id, "u1", from_start=False))
+    (answer,) = results
     assert all(getattr(note.error, "status", None) == 503 for note in notes), notes
-    # The store came back empty (no persistence): a finished run is then told from its row.
-    assert [event.event for event in events] == ["workflow_finished"]
-    assert events[0].raw["data"]["outputs"] == outcome.run.outputs
+    # The store came back empty (no persistence): the run from its beginning is gone, with its row...
+    assert isinstance(answer, EventsGoneError) and answer.code == "run_events_lost"
+    assert answer.run is not None and answer.run.outputs == outcome.run.outputs
+    # ...and its tail, a finished run's end, is told from that row.
+    assert [event.event for event in tail] == ["workflow_finished"]
+    assert tail[0].raw["data"]["outputs"] == outcome.run.outputs
 
     # A budget too small for the outage gives up with a typed error.
     sdk.store.kill()

@@ -1,8 +1,8 @@
-// The demo page: starts a run with resumable-events.js and renders what arrives. Every event the
-// module delivers becomes one row of #events (with its resume token and payload as data attributes),
-// so what a person sees is exactly what the caller received.
+// The demo page: starts (or follows) a run with resumable-events.js and renders what arrives. Every
+// event the module delivers becomes one row of #events (with its resume token and payload as data
+// attributes), so what a person sees is exactly what the caller received.
 import {
-  RunGoneError, followRun, stopRun, streamRun, submitHumanInput,
+  RunGoneError, followRun, stopRun, streamRun, submitForm,
 } from "../static/durable-workflow/resumable-events.js";
 
 /** @param {string} id @returns {any} */
@@ -14,6 +14,17 @@ let eventCount = 0;
 let reconnects = 0;
 /** @type {Map<string, HTMLLIElement>} */
 const nodeRows = new Map();
+
+/**
+ * The form the run waits for: a `human_input_required` payload (or a reason of `workflow_paused`).
+ * @typedef {{form_token: string, node_id?: string, node_title?: string, form_content?: string,
+ *   inputs?: Array<{type: string, output_variable_name: string, label?: string, required?: boolean,
+ *                   default?: {type: string, value: unknown}}>,
+ *   actions?: Array<{id: string, title?: string, button_style?: string}>,
+ *   resolved_default_values?: Record<string, unknown>, expiration_time?: number}} OpenForm
+ */
+/** @type {OpenForm | null} */
+let openForm = null;
 
 function credentials() {
   return { apiKey: $("api-key").value.trim(), user: $("user").value.trim() };
@@ -27,6 +38,7 @@ function setState(state) {
   $("drop").disabled = !live;
   $("stop").disabled = !(live || state === "paused");
   $("start").disabled = live || state === "paused";
+  $("attach").disabled = live || state === "paused";
 }
 
 /** @param {string} text @param {string} [kind] */
@@ -54,6 +66,7 @@ function onEvent(event, meta) {
   li.append(event.event + describe(event), id);
   $("events").append(li);
   if (event.workflow_run_id) $("run-id").textContent = event.workflow_run_id;
+  if (event.task_id) $("task-id").textContent = event.task_id;
   render(event);
 }
 
@@ -83,7 +96,10 @@ function render(event) {
     li.textContent = `${data.title || data.node_id} (${data.node_type}) ${data.status} in ${(data.elapsed_time * 1000).toFixed(0)} ms`;
   } else if (event.event === "human_input_required") {
     showForm(data);
+  } else if (event.event === "human_input_form_filled" || event.event === "human_input_form_timeout") {
+    hideForm();
   } else if (event.event === "workflow_finished") {
+    hideForm();
     const box = $("outcome");
     box.hidden = false;
     box.className = data.status;
@@ -97,31 +113,67 @@ function render(event) {
   }
 }
 
-/** @param {{title?: string, form?: Array<{name: string, type?: string, required?: boolean}>}} data */
-function showForm(data) {
-  $("pause-title").textContent = data.title || "";
+/** @param {OpenForm} form */
+function showForm(form) {
+  openForm = form;
+  $("pause-title").textContent = form.node_title || form.node_id || "";
+  $("form-content").textContent = form.form_content || "";
+  const preset = form.resolved_default_values || {};
   const fields = $("human-fields");
   fields.textContent = "";
-  for (const field of data.form || []) {
+  for (const field of form.inputs || []) {
+    const name = field.output_variable_name;
     const label = document.createElement("label");
-    const input = document.createElement("input");
-    input.name = field.name;
-    input.id = `human-${field.name}`;
-    input.dataset.type = field.type || "text";
-    if (field.type === "boolean") input.type = "checkbox";
-    else if (field.type === "number") input.type = "number";
-    else input.type = "text";
-    label.append(input, ` ${field.name}${field.required === false ? " (optional)" : ""}`);
+    /** @type {HTMLInputElement | HTMLTextAreaElement} */
+    let input;
+    if (field.type === "paragraph") {
+      input = document.createElement("textarea");
+      input.rows = 3;
+      label.className = "paragraph";
+    } else {
+      input = document.createElement("input");
+      input.type = field.type === "boolean" ? "checkbox" : field.type === "number" ? "number" : "text";
+    }
+    input.name = name;
+    input.id = `human-${name}`;
+    input.dataset.type = field.type;
+    const value = name in preset ? preset[name] : field.default ? field.default.value : undefined;
+    if (input instanceof HTMLInputElement && input.type === "checkbox") input.checked = Boolean(value);
+    else if (value !== undefined && value !== null) input.value = String(value);
+    label.append(input, ` ${field.label || name}${field.required ? "" : " (optional)"}`);
     fields.append(label);
   }
-  $("human-submit").disabled = false;
+  // One submit button per action: the one pressed names the action the form is submitted with.
+  const actions = $("human-actions");
+  actions.textContent = "";
+  for (const action of form.actions || []) {
+    const button = document.createElement("button");
+    button.type = "submit";
+    button.id = `human-action-${action.id}`;
+    button.dataset.action = action.id;
+    button.className = `action-${action.button_style || "default"}`;
+    button.textContent = action.title || action.id;
+    actions.append(button);
+  }
+  $("form-expiry").textContent = form.expiration_time
+    ? `expires ${new Date(form.expiration_time * 1000).toLocaleString()}` : "";
+}
+
+function hideForm() {
+  openForm = null;
+  $("pause").hidden = true;
+}
+
+/** @param {boolean} disabled */
+function disableActions(disabled) {
+  for (const button of $("human-actions").querySelectorAll("button")) button.disabled = disabled;
 }
 
 /** @returns {Record<string, unknown>} */
 function formValues() {
   /** @type {Record<string, unknown>} */
   const values = {};
-  for (const input of $("human-fields").querySelectorAll("input")) {
+  for (const input of $("human-fields").querySelectorAll("input, textarea")) {
     if (input.dataset.type === "boolean") values[input.name] = input.checked;
     else if (input.dataset.type === "number") { if (input.value !== "") values[input.name] = Number(input.value); }
     else if (input.value !== "") values[input.name] = input.value;
@@ -155,6 +207,8 @@ async function settle(stream) {
   try {
     const outcome = await stream.done;
     if (outcome.status === "paused") {
+      const reasons = /** @type {any} */ (outcome.event.data || {}).reasons || [];
+      if (!openForm && reasons.length) showForm(reasons[0]);
       $("pause").hidden = false;
       note("the run is paused: fill in the form to resume it");
     } else {
@@ -180,7 +234,8 @@ function reset() {
   eventCount = 0;
   reconnects = 0;
   nodeRows.clear();
-  for (const id of ["events", "nodes", "notes", "text"]) $(id).textContent = "";
+  openForm = null;
+  for (const id of ["events", "nodes", "notes", "text", "human-fields", "human-actions"]) $(id).textContent = "";
   $("event-count").textContent = "0";
   $("reconnects").textContent = "0";
   $("task-id").textContent = "–";
@@ -202,6 +257,15 @@ $("start-form").addEventListener("submit", (/** @type {SubmitEvent} */ e) => {
   settle(streamRun({ ...callbacks(), inputs }));
 });
 
+$("attach-form").addEventListener("submit", (/** @type {SubmitEvent} */ e) => {
+  e.preventDefault();
+  const runId = $("attach-id").value.trim();
+  reset();
+  $("run-id").textContent = runId;
+  // No Last-Event-ID yet: the module asks for the run from its beginning (include_state_snapshot).
+  settle(followRun({ ...callbacks(), workflowRunId: runId }));
+});
+
 $("drop").addEventListener("click", () => {
   if (current && current.drop()) note("dropped the connection on purpose");
 });
@@ -211,7 +275,10 @@ $("stop").addEventListener("click", async () => {
   try {
     await stopRun({ ...credentials(), taskId: current.taskId });
     note("stop requested");
-    if (current.state === "paused") settle(followRun({ ...callbacks(), taskId: current.taskId, lastEventId: current.lastEventId }));
+    if (current.state === "paused") {
+      const { taskId, workflowRunId, lastEventId } = current;
+      settle(followRun({ ...callbacks(), taskId, workflowRunId: workflowRunId || undefined, lastEventId }));
+    }
   } catch (error) {
     note(`stop failed: ${/** @type {Error} */ (error).message}`, "error");
   }
@@ -219,20 +286,26 @@ $("stop").addEventListener("click", async () => {
 
 $("human-form").addEventListener("submit", async (/** @type {SubmitEvent} */ e) => {
   e.preventDefault();
-  if (!current || !current.workflowRunId) return;
+  if (!current || !openForm) return;
   const paused = current;
-  $("human-submit").disabled = true;
+  const form = openForm;
+  // Enter in a field submits with the first button, i.e. the form's first action.
+  const action = e.submitter instanceof HTMLButtonElement ? e.submitter.dataset.action : undefined;
+  disableActions(true);
   try {
-    await submitHumanInput({ ...credentials(), workflowRunId: String(paused.workflowRunId), inputs: formValues() });
+    await submitForm({ ...credentials(), formToken: form.form_token, inputs: formValues(), action });
   } catch (error) {
     note(`the form was refused: ${/** @type {Error} */ (error).message}`, "error");
-    $("human-submit").disabled = false;
+    disableActions(false);
     return;
   }
-  $("pause").hidden = true;
+  hideForm();
   note("form submitted; following the run again from the last event");
   settle(followRun({
-    ...callbacks(), taskId: String(paused.taskId), workflowRunId: String(paused.workflowRunId), lastEventId: paused.lastEventId,
+    ...callbacks(),
+    taskId: paused.taskId || undefined,
+    workflowRunId: paused.workflowRunId || undefined,
+    lastEventId: paused.lastEventId,
   }));
 });
 

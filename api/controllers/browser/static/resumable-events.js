@@ -3,7 +3,9 @@
 // Served by the API at /static/durable-workflow/resumable-events.js. It streams a run's events with
 // fetch + ReadableStream (so it can send the Authorization header, which EventSource cannot), parses
 // server-sent events as the HTML standard says, and after any drop resumes strictly after the last
-// event it delivered (Last-Event-ID), so the caller sees every event exactly once, in order.
+// event it delivered (Last-Event-ID), so the caller sees every event exactly once, in order. A run's
+// start carries an Idempotency-Key, so a POST cut before its answer is sent again without starting a
+// second run; the answer's headers (X-Task-Id, X-Workflow-Run-Id) name the run before any event.
 //
 //   import { streamRun } from "/static/durable-workflow/resumable-events.js";
 //   const run = streamRun({ baseUrl: "", apiKey, user: "me", inputs: { name: "Ada" }, onEvent: (e) => … });
@@ -38,7 +40,7 @@
  * @property {number} attempt        consecutive failed attempts so far (1 = the first retry since progress)
  * @property {number} delayMs        how long the client waits before this attempt
  * @property {string} reason         dropped | network | eof | idle | http-<status> | stream-error
- * @property {string} lastEventId    the position the client resumes after ("" = from the beginning)
+ * @property {string} lastEventId    the position the client resumes after ("" = none yet: the run's beginning, or its tail)
  * @property {unknown} [error]       what went wrong, when something did
  */
 
@@ -59,6 +61,8 @@
  * @property {string} [passport]          web app: a passport from GET /api/passport (Bearer) instead of apiKey
  * @property {string} [user]              service API: the end user (required there; the web app takes it from the passport)
  * @property {boolean} [continueOnPause]  keep following across pauses until `workflow_finished`
+ * @property {boolean} [fromStart]       without a Last-Event-ID, (re)connect to the run's beginning
+ *                                       (`include_state_snapshot=true`; the default) rather than its tail
  * @property {(event: WorkflowEvent, meta: EventMeta) => void} [onEvent]  every run event, exactly once, in order
  * @property {(info: ReconnectInfo) => void} [onReconnect]  before each reconnect
  * @property {(ids: {taskId: string, workflowRunId: string}) => void} [onRunCreated]
@@ -286,13 +290,24 @@ async function jsonBody(response) {
   }
 }
 
+/** A fresh random Idempotency-Key (a UUID; randomUUID needs a secure context, getRandomValues does not). */
+export function randomKey() {
+  const crypto = globalThis.crypto;
+  if (typeof crypto.randomUUID === "function") return crypto.randomUUID();
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  bytes[6] = (bytes[6] & 0x0f) | 0x40;
+  bytes[8] = (bytes[8] & 0x3f) | 0x80;
+  const hex = Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+}
+
 /**
  * A run's event stream that resumes by itself. Create it with {@link streamRun} or {@link followRun}.
  */
 export class RunStream {
   /**
    * @param {CommonOptions} options
-   * @param {{inputs?: Object, body?: Object, taskId?: string, workflowRunId?: string, lastEventId?: string}} start
+   * @param {{body?: Object, idempotencyKey?: string, taskId?: string, workflowRunId?: string, lastEventId?: string}} start
    */
   constructor(options, start) {
     this.options = options;
@@ -303,7 +318,11 @@ export class RunStream {
     /** @type {string | null} */ this.workflowRunId = start.workflowRunId || null;
     this._lastEventId = start.lastEventId || "";
     this._startBody = start.body || null;
+    /** The start's Idempotency-Key ("" = none: a POST that may have arrived is then never sent again). */
+    this.idempotencyKey = start.idempotencyKey || "";
     this._posted = false; // the streaming POST got its 200: never send it again
+    /** Whether the server answered the start for a run an earlier POST with the same key started. */
+    this.replayed = false;
     this._retryMs = options.initialDelayMs ?? 250;
     /** Connections opened after the first. */
     this.reconnects = 0;
@@ -327,12 +346,12 @@ export class RunStream {
   }
 
   /**
-   * Cut the current connection as a network failure would; the stream resumes by itself. While the
-   * starting POST has not been answered there is nothing to resume yet, so nothing is cut (false).
+   * Cut the current connection as a network failure would; the stream resumes by itself. A start
+   * without an Idempotency-Key is not cut before it is answered: it could not be sent again (false).
    * @returns {boolean} whether a connection was cut
    */
   drop(reason = "dropped") {
-    if (!this._connection || (this._startBody !== null && !this._posted)) return false;
+    if (!this._connection || (this._startBody !== null && !this._posted && !this.idempotencyKey)) return false;
     this._dropReason = reason;
     this._connection.abort();
     return true;
@@ -429,57 +448,77 @@ export class RunStream {
   }
 
   /**
-   * One connection: the streaming POST (first time, when starting a run) or a GET of the events.
+   * One connection: the streaming POST (when starting a run, until it is answered) or a GET of the events.
    * @param {AbortController} controller @param {number} index @param {() => void} progressed
    * @returns {Promise<RunOutcome>}
    */
   async _connect(controller, index, progressed) {
     const starting = this._startBody !== null && !this._posted;
-    if (!starting && !this.taskId) throw new Error("the run's task id never arrived; it cannot be followed");
+    const runId = this.workflowRunId || this.taskId;
+    if (!starting && !runId) throw new Error("the run's ids never arrived; it cannot be followed");
+    // A connection that brings no answer within the idle time is as dead as one that stops sending.
+    const waiting = setTimeout(() => { this._dropReason = "idle"; controller.abort(); }, this.options.idleTimeoutMs ?? 45000);
     /** @type {Response} */
     let response;
     try {
       if (starting) {
+        /** @type {Record<string, string>} */
+        const headers = { ...this._headers(), "Content-Type": "application/json" };
+        if (this.idempotencyKey) headers["Idempotency-Key"] = this.idempotencyKey;
         response = await this._fetch(this._url("/workflows/run"), {
-          method: "POST",
-          headers: { ...this._headers(), "Content-Type": "application/json" },
-          body: JSON.stringify(this._startBody),
-          signal: controller.signal,
+          method: "POST", headers, body: JSON.stringify(this._startBody), signal: controller.signal,
         });
       } else {
-        const query = new URLSearchParams();
-        if (!this.options.passport && this.options.user) query.set("user", this.options.user);
-        if (this.options.continueOnPause) query.set("continue_on_pause", "true");
-        const headers = this._headers();
-        if (this._lastEventId) headers["Last-Event-ID"] = this._lastEventId;
-        response = await this._fetch(this._url(`/workflow/${encodeURIComponent(String(this.taskId))}/events?${query}`), {
-          headers, signal: controller.signal, cache: "no-store",
+        response = await this._fetch(this._eventsUrl(String(runId)), {
+          headers: this._eventsHeaders(), signal: controller.signal, cache: "no-store",
         });
       }
     } catch (error) {
-      if (starting) throw error; // was the run created? Unknown: retrying could start it twice
+      // Was the run created? Unknown: only its Idempotency-Key makes sending the POST again safe.
+      if (starting && !this.idempotencyKey) throw error;
       throw new Reconnect(this._dropReason || "network", error);
+    } finally {
+      clearTimeout(waiting);
     }
     if (response.status !== 200) {
       const body = await jsonBody(response);
       const wait = retryAfterMs(response.headers.get("Retry-After"));
-      // A refused streaming POST (503, 429) dispatched nothing, so it is safe to send again; any
-      // other 5xx might have started the run. A GET of the events can always be repeated.
-      const retryable = response.status === 503 || response.status === 429 || (!starting && response.status >= 500);
+      // A refused streaming POST (503, 429) dispatched nothing, and one with an Idempotency-Key
+      // returns the same run however often it is sent; a GET of the events can always be repeated.
+      const retryable = response.status === 503 || response.status === 429
+        || ((!starting || Boolean(this.idempotencyKey)) && response.status >= 500);
       if (retryable) throw new Reconnect(`http-${response.status}`, httpError(response.status, body), wait);
       if (response.status === 410) throw new RunGoneError(410, body, body.run || (await this._runRow()));
       throw httpError(response.status, body);
     }
+    // The headers name the run before any event: a stream cut before its first event can resume.
+    this.taskId = this.taskId || response.headers.get("X-Task-Id");
+    this.workflowRunId = this.workflowRunId || response.headers.get("X-Workflow-Run-Id");
     if (starting) {
       this._posted = true;
-      this.taskId = response.headers.get("X-Task-Id") || this.taskId;
-      this.workflowRunId = response.headers.get("X-Workflow-Run-Id") || this.workflowRunId;
+      this.replayed = response.headers.get("Idempotent-Replayed") === "true";
       if (this.taskId && this.options.onRunCreated) {
         this.options.onRunCreated({ taskId: this.taskId, workflowRunId: String(this.workflowRunId) });
       }
     }
     this._setState("open");
     return this._read(response, controller, index, progressed);
+  }
+
+  /** @param {string} runId */
+  _eventsUrl(runId) {
+    const query = new URLSearchParams();
+    if (!this.options.passport && this.options.user) query.set("user", this.options.user);
+    if (this.options.continueOnPause) query.set("continue_on_pause", "true");
+    // Without a position the server starts at the run's tail; from the beginning has to be asked for.
+    if (!this._lastEventId && this.options.fromStart !== false) query.set("include_state_snapshot", "true");
+    return this._url(`/workflow/${encodeURIComponent(runId)}/events?${query}`);
+  }
+
+  _eventsHeaders() {
+    const headers = this._headers();
+    if (this._lastEventId) headers["Last-Event-ID"] = this._lastEventId;
+    return headers;
   }
 
   /**
@@ -547,12 +586,6 @@ export class RunStream {
     // Ids persist between messages: a message's lastEventId is the position right after it.
     if (message.lastEventId && message.event !== "error") this._lastEventId = message.lastEventId;
     if (message.event === "ping") return null;
-    if (message.event === "run_created") {
-      const ids = JSON.parse(message.data);
-      this.taskId = ids.task_id;
-      this.workflowRunId = ids.workflow_run_id;
-      return null;
-    }
     if (message.event === "error") {
       const body = JSON.parse(message.data);
       const status = Number(body.status) || 500;
@@ -560,7 +593,7 @@ export class RunStream {
       if (status >= 500 || status === 429) return new Reconnect("stream-error", httpError(status, body));
       return httpError(status, body);
     }
-    if (message.event !== "message") return null; // a notice this version does not know
+    if (message.event !== "message") return null; // a notice (an older server's run_created, a newer one's)
     /** @type {WorkflowEvent} */
     const event = JSON.parse(message.data);
     if (!this.workflowRunId && event.workflow_run_id) this.workflowRunId = event.workflow_run_id;
@@ -600,20 +633,24 @@ export class RunStream {
 
 /**
  * Start a run (`POST …/workflows/run`, streaming) and follow its events to the end (or the pause).
- * @param {CommonOptions & {inputs: Object}} options
+ * `idempotencyKey`: a key of your own, `false` for none; by default a fresh random one, so that a POST
+ * cut before its answer is sent again (same key, same run) within the retry budget.
+ * @param {CommonOptions & {inputs: Object, idempotencyKey?: string | false}} options
  * @returns {RunStream}
  */
 export function streamRun(options) {
   /** @type {Record<string, unknown>} */
   const body = { inputs: options.inputs || {}, response_mode: "streaming" };
   if (!options.passport) body.user = options.user;
-  return new RunStream(options, { body });
+  const key = options.idempotencyKey === false ? "" : options.idempotencyKey || randomKey();
+  return new RunStream(options, { body, idempotencyKey: key });
 }
 
 /**
- * Follow an existing run's events (`GET …/workflow/<taskId>/events`), strictly after `lastEventId`
- * when given (a token persisted from `RunStream.lastEventId`), else from the run's beginning.
- * @param {CommonOptions & {taskId: string, workflowRunId?: string, lastEventId?: string}} options
+ * Follow an existing run's events (`GET …/workflow/<id>/events`, by its workflowRunId or its taskId):
+ * strictly after `lastEventId` when given (a token persisted from `RunStream.lastEventId`), else from
+ * the run's beginning (or, with `fromStart: false`, from what happens next).
+ * @param {CommonOptions & {taskId?: string, workflowRunId?: string, lastEventId?: string}} options
  * @returns {RunStream}
  */
 export function followRun(options) {
@@ -650,13 +687,43 @@ export function getRun(options) {
 }
 
 /**
- * Submit a paused run's human-input form (`POST /v1/workflows/runs/<id>/human-input`); then follow
- * the run again with {@link followRun} from the last event id to see it continue.
- * @param {CommonOptions & {workflowRunId: string, inputs: Object}} options
+ * A human-input form (`GET …/form/human_input/<formToken>`; the token comes with `human_input_required`
+ * and each reason of `workflow_paused`): `{form_content, inputs, resolved_default_values, user_actions,
+ * expiration_time}`.
+ * @param {CommonOptions & {formToken: string}} options
+ */
+export function getForm(options) {
+  return request(options, "GET", `/form/human_input/${encodeURIComponent(options.formToken)}`);
+}
+
+/**
+ * Submit a human-input form (`POST …/form/human_input/<formToken>`) with the action (button) `action`,
+ * by default the form's first (read with {@link getForm} first). The run goes on; follow it again with
+ * {@link followRun} from the last event id to see it continue. 412 when the form was already
+ * submitted (`human_input_form_submitted`) or expired (`human_input_form_expired`).
+ * @param {CommonOptions & {formToken: string, inputs: Object, action?: string}} options
+ */
+export async function submitForm(options) {
+  let action = options.action;
+  if (!action) {
+    const actions = (await getForm(options)).user_actions || [];
+    if (!actions.length) throw new Error("the form has no actions to submit it with");
+    action = actions[0].id;
+  }
+  /** @type {Record<string, unknown>} */
+  const body = { inputs: options.inputs, action };
+  if (!options.passport) body.user = options.user;
+  return request(options, "POST", `/form/human_input/${encodeURIComponent(options.formToken)}`, body);
+}
+
+/**
+ * Submit a paused run's open form by the run's id (`POST /v1/workflows/runs/<id>/human-input`, this
+ * API's own route; {@link submitForm} is Dify's).
+ * @param {CommonOptions & {workflowRunId: string, inputs: Object, action?: string}} options
  */
 export function submitHumanInput(options) {
   return request(options, "POST", `/workflows/runs/${encodeURIComponent(options.workflowRunId)}/human-input`, {
-    user: options.user, inputs: options.inputs,
+    user: options.user, inputs: options.inputs, ...(options.action ? { action: options.action } : {}),
   });
 }
 

@@ -22,6 +22,11 @@ from .errors import (
     ConflictError,
     ConnectionLostError,
     EventsGoneError,
+    FormClosedError,
+    FormExpiredError,
+    FormSubmittedError,
+    IdempotencyKeyReusedError,
+    InvalidFormDataError,
     InvalidRequestError,
     InvalidResumeTokenError,
     NotFoundError,
@@ -31,6 +36,8 @@ from .errors import (
 )
 from .events import (
     Event,
+    HumanInputFormFilled,
+    HumanInputFormTimeout,
     HumanInputRequired,
     NodeFinished,
     NodeStarted,
@@ -41,6 +48,7 @@ from .events import (
     WorkflowStarted,
     parse_event,
 )
+from .forms import FormAction, FormInput, HumanInputForm, PauseReason
 from .models import HumanInputAccepted, Passport, RunDetail, RunHandle, RunOutcome
 from .retry import RetryPolicy
 from .sync_client import Client, EventStream, WebClient
@@ -60,14 +68,25 @@ __all__ = [
     "Event",
     "EventStream",
     "EventsGoneError",
+    "FormAction",
+    "FormClosedError",
+    "FormExpiredError",
+    "FormInput",
+    "FormSubmittedError",
     "HumanInputAccepted",
+    "HumanInputForm",
+    "HumanInputFormFilled",
+    "HumanInputFormTimeout",
     "HumanInputRequired",
+    "IdempotencyKeyReusedError",
+    "InvalidFormDataError",
     "InvalidRequestError",
     "InvalidResumeTokenError",
     "NodeFinished",
     "NodeStarted",
     "NotFoundError",
     "Passport",
+    "PauseReason",
     "ProtocolError",
     "ReconnectInfo",
     "RequestTooLargeError",

@@ -17,13 +17,14 @@ from typing import Any, Literal, Self, overload
 import httpx
 from httpx_sse import EventSource
 
-from .base import ClientBase, ServiceFlavour, WebFlavour
+from .base import ClientBase, ServiceFlavour, WebFlavour, first_action
 from .common import accepted_of, handle_of, outcome_of, passport_of
 from .errors import ApiError, ConnectionLostError, EventsGoneError
 from .events import Event
+from .forms import HumanInputForm
 from .models import HumanInputAccepted, Passport, RunDetail, RunHandle, RunOutcome
-from .protocol import Request, error_of_answer
-from .sessions import RECONNECTABLE, StreamSession, StreamView
+from .protocol import IdempotencyKey, Request, error_of_answer
+from .sessions import RECONNECTABLE, Step, StreamSession, StreamView
 
 
 class _Closing:
@@ -116,8 +117,8 @@ class AsyncClientCore(_Closing, ClientBase[httpx.AsyncClient]):
             await self.prepare()
         return await self.http.send(self.build(request, stream=True), stream=True)
 
-    async def call(self, request: Request) -> dict[str, Any]:
-        """Send ``request`` (again, within the budget, where that is safe); its JSON answer.
+    async def exchange(self, request: Request) -> Step:
+        """Send ``request`` (again, within the budget, where that is safe); the step with its answer.
 
         Raises:
             ApiError: The API's error answer.
@@ -134,11 +135,30 @@ class AsyncClientCore(_Closing, ClientBase[httpx.AsyncClient]):
             else:
                 step = call.answered(response.status_code, response.headers, response.content)
             if step.body is not None:
-                return step.body
+                return step
             await asyncio.sleep(step.delay)
 
+    async def call(self, request: Request) -> dict[str, Any]:
+        """As :meth:`exchange`: the JSON answer."""
+        return (await self.exchange(request)).answer
+
     async def _blocking(self, request: Request) -> RunOutcome:
-        return outcome_of(await self.call(request))
+        step = await self.exchange(request)
+        return outcome_of(step.answer, step.replayed)
+
+    async def _started(self, request: Request) -> RunHandle:
+        step = await self.exchange(request)
+        return handle_of(step.answer, step.replayed)
+
+    async def get_form(self, form_token: str) -> HumanInputForm:
+        """The human-input form of ``form_token`` (from ``human_input_required`` or a pause's reasons)."""
+        return HumanInputForm.from_json(await self.call(self.routes.form(form_token)))
+
+    async def _submit_form(
+        self, form_token: str, user: str | None, inputs: Mapping[str, Any], action: str | None
+    ) -> None:
+        chosen = action if action is not None else first_action(await self.get_form(form_token))
+        await self.call(self.routes.submit_form(form_token, user, inputs, chosen))
 
     async def fetch_run(self, run_id: str, user: str | None) -> RunDetail:
         return RunDetail.from_json(await self.call(self.routes.get_run(run_id, user)))
@@ -184,41 +204,67 @@ class AsyncClient(ServiceFlavour[httpx.AsyncClient], AsyncClientCore):
 
     @overload
     def run(
-        self, inputs: Mapping[str, Any], user: str, *, stream: Literal[True] = True, continue_on_pause: bool = False
+        self,
+        inputs: Mapping[str, Any],
+        user: str,
+        *,
+        stream: Literal[True] = True,
+        continue_on_pause: bool = False,
+        idempotency_key: IdempotencyKey = None,
     ) -> AsyncEventStream: ...
 
     @overload
     def run(
-        self, inputs: Mapping[str, Any], user: str, *, stream: Literal[False]
+        self, inputs: Mapping[str, Any], user: str, *, stream: Literal[False], idempotency_key: IdempotencyKey = None
     ) -> Coroutine[Any, Any, RunOutcome]: ...
 
     def run(
-        self, inputs: Mapping[str, Any], user: str, *, stream: bool = True, continue_on_pause: bool = False
+        self,
+        inputs: Mapping[str, Any],
+        user: str,
+        *,
+        stream: bool = True,
+        continue_on_pause: bool = False,
+        idempotency_key: IdempotencyKey = None,
     ) -> AsyncEventStream | Coroutine[Any, Any, RunOutcome]:
         """Start a run. Streaming: its events (``async for``; to ``workflow_finished``, or the pause
         unless ``continue_on_pause``). Not streaming: a coroutine that waits for it to finish or pause
-        (``blocking`` mode)."""
+        (``blocking`` mode). ``idempotency_key`` as for :meth:`Client.run`."""
         if not stream:
-            return self._blocking(self.routes.run(inputs, user, "blocking"))
-        return AsyncEventStream(self, self.run_session(inputs, user, continue_on_pause))
+            return self._blocking(self.run_request(inputs, user, "blocking", idempotency_key))
+        return AsyncEventStream(self, self.run_session(inputs, user, continue_on_pause, idempotency_key))
 
-    async def start(self, inputs: Mapping[str, Any], user: str) -> RunHandle:
+    async def start(self, inputs: Mapping[str, Any], user: str, *, idempotency_key: IdempotencyKey = None) -> RunHandle:
         """Start a run in the background (``async`` mode); follow it later with :meth:`follow`."""
-        return handle_of(await self.call(self.routes.run(inputs, user, "async")))
+        return await self._started(self.run_request(inputs, user, "async", idempotency_key))
 
     def follow(
-        self, task_id: str, user: str, *, after: str | None = None, continue_on_pause: bool = False
+        self,
+        run_id: str,
+        user: str,
+        *,
+        after: str | None = None,
+        continue_on_pause: bool = False,
+        from_start: bool = True,
     ) -> AsyncEventStream:
-        """(Re)attach to a run's events: strictly after the resume token ``after``, or from its beginning."""
-        return AsyncEventStream(self, self.follow_session(task_id, user, after, continue_on_pause))
+        """(Re)attach to a run's events, as :meth:`Client.follow`."""
+        return AsyncEventStream(self, self.follow_session(run_id, user, after, continue_on_pause, from_start))
 
     async def stop(self, task_id: str, user: str) -> None:
         """Stop a running or paused run (idempotent)."""
         await self.call(self.routes.stop(task_id, user))
 
-    async def submit_human_input(self, run_id: str, user: str, inputs: Mapping[str, Any]) -> HumanInputAccepted:
-        """Submit the form of a paused run's human-input node; the run goes on in the background."""
-        return accepted_of(await self.call(self.routes.human_input(run_id, user, inputs)))
+    async def submit_form(
+        self, form_token: str, user: str, inputs: Mapping[str, Any], action: str | None = None
+    ) -> None:
+        """Submit a human-input form, as :meth:`Client.submit_form`."""
+        await self._submit_form(form_token, user, inputs, action)
+
+    async def submit_human_input(
+        self, run_id: str, user: str, inputs: Mapping[str, Any], *, action: str | None = None
+    ) -> HumanInputAccepted:
+        """Submit the open form of a paused run by the run's id, as :meth:`Client.submit_human_input`."""
+        return accepted_of(await self.call(self.routes.human_input(run_id, user, inputs, action)))
 
     async def get_run(self, run_id: str, user: str) -> RunDetail:
         """The run's row (status, outputs, error, timing)."""
@@ -247,25 +293,43 @@ class AsyncWebClient(WebFlavour[httpx.AsyncClient], AsyncClientCore):
 
     @overload
     def run(
-        self, inputs: Mapping[str, Any], *, stream: Literal[True] = True, continue_on_pause: bool = False
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        stream: Literal[True] = True,
+        continue_on_pause: bool = False,
+        idempotency_key: IdempotencyKey = None,
     ) -> AsyncEventStream: ...
 
     @overload
-    def run(self, inputs: Mapping[str, Any], *, stream: Literal[False]) -> Coroutine[Any, Any, RunOutcome]: ...
+    def run(
+        self, inputs: Mapping[str, Any], *, stream: Literal[False], idempotency_key: IdempotencyKey = None
+    ) -> Coroutine[Any, Any, RunOutcome]: ...
 
     def run(
-        self, inputs: Mapping[str, Any], *, stream: bool = True, continue_on_pause: bool = False
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        stream: bool = True,
+        continue_on_pause: bool = False,
+        idempotency_key: IdempotencyKey = None,
     ) -> AsyncEventStream | Coroutine[Any, Any, RunOutcome]:
         """As :meth:`AsyncClient.run`, for the passport's end user."""
         if not stream:
-            return self._blocking(self.routes.run(inputs, None, "blocking"))
-        return AsyncEventStream(self, self.run_session(inputs, None, continue_on_pause))
+            return self._blocking(self.run_request(inputs, None, "blocking", idempotency_key))
+        return AsyncEventStream(self, self.run_session(inputs, None, continue_on_pause, idempotency_key))
 
-    async def start(self, inputs: Mapping[str, Any]) -> RunHandle:
-        return handle_of(await self.call(self.routes.run(inputs, None, "async")))
+    async def start(self, inputs: Mapping[str, Any], *, idempotency_key: IdempotencyKey = None) -> RunHandle:
+        return await self._started(self.run_request(inputs, None, "async", idempotency_key))
 
-    def follow(self, task_id: str, *, after: str | None = None, continue_on_pause: bool = False) -> AsyncEventStream:
-        return AsyncEventStream(self, self.follow_session(task_id, None, after, continue_on_pause))
+    def follow(
+        self, run_id: str, *, after: str | None = None, continue_on_pause: bool = False, from_start: bool = True
+    ) -> AsyncEventStream:
+        return AsyncEventStream(self, self.follow_session(run_id, None, after, continue_on_pause, from_start))
 
     async def stop(self, task_id: str) -> None:
         await self.call(self.routes.stop(task_id, None))
+
+    async def submit_form(self, form_token: str, inputs: Mapping[str, Any], action: str | None = None) -> None:
+        """As :meth:`AsyncClient.submit_form`, for the passport's end user."""
+        await self._submit_form(form_token, None, inputs, action)

@@ -9,8 +9,10 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from .common import DEFAULT_READ_TIMEOUT, ReconnectHook, timeouts
+from .errors import ProtocolError
+from .forms import HumanInputForm
 from .models import Passport
-from .protocol import SERVICE_ROUTES, WEB_ROUTES, Request, Routes, StreamState
+from .protocol import SERVICE_ROUTES, WEB_ROUTES, IdempotencyKey, Request, Routes, StreamState, idempotency_key
 from .retry import RetryPolicy
 from .sessions import Call, StreamSession
 
@@ -62,21 +64,40 @@ class ClientBase(Generic[HttpClient]):
         return Call(request, self.retry)
 
     def new_session(
-        self, first: Request, user: str | None, *, task_id: str | None, after: str | None, continue_on_pause: bool
+        self,
+        first: Request,
+        user: str | None,
+        *,
+        followed: str | None,
+        after: str | None,
+        continue_on_pause: bool,
+        from_start: bool = True,
     ) -> StreamSession:
-        state = StreamState(task_id=task_id, last_event_id=after, continue_on_pause=continue_on_pause)
+        state = StreamState(
+            followed=followed, last_event_id=after, continue_on_pause=continue_on_pause, from_start=from_start
+        )
         return StreamSession(self.routes, first, user, state, policy=self.retry, on_reconnect=self.on_reconnect)
 
-    def run_session(self, inputs: Mapping[str, Any], user: str | None, continue_on_pause: bool) -> StreamSession:
-        """A streaming run's stream: its POST first, then the events endpoint once the run is known."""
-        first = self.routes.run(inputs, user, "streaming")
-        return self.new_session(first, user, task_id=None, after=None, continue_on_pause=continue_on_pause)
+    def run_request(self, inputs: Mapping[str, Any], user: str | None, mode: str, key: IdempotencyKey) -> Request:
+        return self.routes.run(inputs, user, mode, idempotency_key(key))
+
+    def run_session(
+        self, inputs: Mapping[str, Any], user: str | None, continue_on_pause: bool, key: IdempotencyKey
+    ) -> StreamSession:
+        """A streaming run's stream: its POST first (sent again with the same key until it is
+        answered), then the events endpoint once the response headers named the run."""
+        first = self.run_request(inputs, user, "streaming", key)
+        return self.new_session(first, user, followed=None, after=None, continue_on_pause=continue_on_pause)
 
     def follow_session(
-        self, task_id: str, user: str | None, after: str | None, continue_on_pause: bool
+        self, run_id: str, user: str | None, after: str | None, continue_on_pause: bool, from_start: bool
     ) -> StreamSession:
-        first = self.routes.events(task_id, user, last_event_id=after, continue_on_pause=continue_on_pause)
-        return self.new_session(first, user, task_id=task_id, after=after, continue_on_pause=continue_on_pause)
+        first = self.routes.events(
+            run_id, user, last_event_id=after, continue_on_pause=continue_on_pause, from_start=from_start
+        )
+        return self.new_session(
+            first, user, followed=run_id, after=after, continue_on_pause=continue_on_pause, from_start=from_start
+        )
 
 
 class ServiceFlavour(ClientBase[HttpClient]):
@@ -116,3 +137,10 @@ class WebFlavour(ClientBase[HttpClient]):
         super().__init__(base_url, WEB_ROUTES, retry, read_timeout, on_reconnect, http_client)
         self.site_code = site_code
         self._passport = passport
+
+
+def first_action(form: HumanInputForm) -> str:
+    """The action a submission that names none uses: the form's first."""
+    if not form.user_actions:
+        raise ProtocolError("the form has no actions to submit it with")
+    return form.user_actions[0].id

@@ -35,16 +35,17 @@ class ReconnectInfo:
 ReconnectHook = Callable[[ReconnectInfo], None]
 
 
-def outcome_of(body: dict[str, Any]) -> RunOutcome:
-    return RunOutcome(str(body["task_id"]), str(body["workflow_run_id"]), RunDetail.from_json(body["data"]))
+def outcome_of(body: dict[str, Any], replayed: bool) -> RunOutcome:
+    run = RunDetail.from_json(body["data"])
+    return RunOutcome(str(body["task_id"]), str(body["workflow_run_id"]), run, replayed=replayed)
 
 
 def passport_of(body: dict[str, Any]) -> Passport:
     return Passport(access_token=str(body["access_token"]), end_user=str(body["end_user"]))
 
 
-def handle_of(body: dict[str, Any]) -> RunHandle:
-    return RunHandle(task_id=str(body["task_id"]), workflow_run_id=str(body["workflow_run_id"]))
+def handle_of(body: dict[str, Any], replayed: bool) -> RunHandle:
+    return RunHandle(str(body["task_id"]), str(body["workflow_run_id"]), replayed=replayed)
 
 
 def accepted_of(body: dict[str, Any]) -> HumanInputAccepted:

@@ -36,6 +36,10 @@ class InvalidResumeTokenError(InvalidRequestError):
     """400 ``invalid_resume_token``: the ``Last-Event-ID`` is malformed, tampered, or another run's."""
 
 
+class InvalidFormDataError(InvalidRequestError):
+    """400 ``invalid_form_data``: a form's field is missing or of the wrong type, or the action is unknown."""
+
+
 class AuthenticationError(ApiError):
     """401: a missing or wrong API key or passport."""
 
@@ -46,6 +50,22 @@ class NotFoundError(ApiError):
 
 class ConflictError(ApiError):
     """409: e.g. human input for a run that is not paused."""
+
+
+class FormClosedError(ApiError):
+    """412: the form no longer accepts a submission (:class:`FormSubmittedError`, :class:`FormExpiredError`)."""
+
+
+class FormSubmittedError(FormClosedError):
+    """412 ``human_input_form_submitted``: the form was already submitted."""
+
+
+class FormExpiredError(FormClosedError):
+    """412 ``human_input_form_expired``: the form's ``expiration_time`` passed."""
+
+
+class IdempotencyKeyReusedError(ApiError):
+    """422 ``idempotency_key_reused``: the ``Idempotency-Key`` already started a run with another body."""
 
 
 class RequestTooLargeError(ApiError):
@@ -105,7 +125,15 @@ _BY_STATUS: dict[int, type[ApiError]] = {
     404: NotFoundError,
     409: ConflictError,
     410: EventsGoneError,
+    412: FormClosedError,
     413: RequestTooLargeError,
+}
+_BY_CODE: dict[tuple[int, str], type[ApiError]] = {
+    (400, "invalid_resume_token"): InvalidResumeTokenError,
+    (400, "invalid_form_data"): InvalidFormDataError,
+    (412, "human_input_form_submitted"): FormSubmittedError,
+    (412, "human_input_form_expired"): FormExpiredError,
+    (422, "idempotency_key_reused"): IdempotencyKeyReusedError,
 }
 
 
@@ -116,6 +144,7 @@ def api_error(status: int, body: Any, *, retry_after: float | None = None) -> Ap
     message = str(fields.get("message") or f"the server answered {status}")
     if status >= 500:
         return ServiceUnavailableError(status, code, message, fields, retry_after=retry_after)
-    if status == 400 and code == "invalid_resume_token":
-        return InvalidResumeTokenError(status, code, message, fields)
+    by_code = _BY_CODE.get((status, code))
+    if by_code is not None:
+        return by_code(status, code, message, fields)
     return _BY_STATUS.get(status, ApiError)(status, code, message, fields)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .forms import FormAction, FormInput, PauseReason, integer, mapping, pause_reasons, request_fields, text
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Event:
@@ -35,6 +37,9 @@ class Event:
 class WorkflowStarted(Event):
     inputs: dict[str, Any]
     created_at: int
+    #: ``initial`` (the run's first attempt) or ``resumption``: a resumed run starts again after its
+    #: form was submitted or expired, so one run may have several ``workflow_started`` events.
+    reason: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,16 +75,57 @@ class NodeFinished(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class HumanInputRequired(Event):
+    """A human-input node opened a form; submit it with ``submit_form(form_token, …)``."""
+
+    form_id: str
     node_id: str
-    title: str
-    #: The fields to submit with ``submit_human_input``: ``[{"name", "type", "required"?}, …]``.
-    form: list[dict[str, Any]]
+    node_title: str
+    #: Markdown; ``{{#$output.<name>#}}`` marks where a field's value goes.
+    form_content: str
+    #: The fields: send each under its ``output_variable_name``.
+    inputs: list[FormInput]
+    #: The buttons; a submission names one by its ``id``.
+    actions: list[FormAction]
+    display_in_ui: bool
+    form_token: str
+    resolved_default_values: dict[str, Any]
+    #: Unix seconds after which the form no longer accepts a submission.
+    expiration_time: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkflowPaused(Event):
-    paused_node_id: str
-    reason: str
+    #: The nodes waiting for input.
+    paused_nodes: list[str]
+    outputs: dict[str, Any]
+    #: One open form per waiting node (each as its ``human_input_required`` announced it).
+    reasons: list[PauseReason]
+    #: ``paused``.
+    status: str
+    created_at: int
+    elapsed_time: float
+    total_tokens: int
+    total_steps: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HumanInputFormFilled(Event):
+    """A form was submitted; the run goes on from its node."""
+
+    node_id: str
+    node_title: str
+    rendered_content: str
+    action_id: str
+    action_text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HumanInputFormTimeout(Event):
+    """A form expired unanswered: its node fails, and with it the run."""
+
+    node_id: str
+    node_title: str
+    expiration_time: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,6 +136,7 @@ class WorkflowFinished(Event):
     error: str | None
     elapsed_time: float
     total_steps: int
+    total_tokens: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,14 +144,13 @@ class UnknownEvent(Event):
     """An event this version of the client has no class for; :attr:`raw` has all of it."""
 
 
-def _text(data: dict[str, Any], key: str) -> str:
-    value = data.get(key)
-    return "" if value is None else str(value)
-
-
 def _number(data: dict[str, Any], key: str) -> float:
     value = data.get(key)
     return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _strings(value: Any) -> list[str]:
+    return [str(item) for item in value] if isinstance(value, list) else []
 
 
 def _object(data: dict[str, Any], key: str) -> dict[str, Any] | None:
@@ -114,60 +160,80 @@ def _object(data: dict[str, Any], key: str) -> dict[str, Any] | None:
 
 def parse_event(raw: dict[str, Any], event_id: str | None) -> Event:
     """The typed event of ``raw`` (one event's JSON object) received with ``event_id``."""
-    name = _text(raw, "event")
+    name = text(raw, "event")
     data = raw.get("data")
     d: dict[str, Any] = data if isinstance(data, dict) else {}
     common: dict[str, Any] = {
         "event": name,
-        "task_id": _text(raw, "task_id"),
-        "workflow_run_id": _text(raw, "workflow_run_id"),
+        "task_id": text(raw, "task_id"),
+        "workflow_run_id": text(raw, "workflow_run_id"),
         "id": event_id,
         "raw": raw,
     }
     if name == "workflow_started":
-        return WorkflowStarted(**common, inputs=_object(d, "inputs") or {}, created_at=int(_number(d, "created_at")))
+        return WorkflowStarted(
+            **common, inputs=_object(d, "inputs") or {}, created_at=integer(d, "created_at"), reason=text(d, "reason")
+        )
     if name in ("node_started", "node_finished"):
         node: dict[str, Any] = {
-            "execution_id": _text(d, "id"),
-            "node_id": _text(d, "node_id"),
-            "node_type": _text(d, "node_type"),
-            "title": _text(d, "title"),
-            "index": int(_number(d, "index")),
+            "execution_id": text(d, "id"),
+            "node_id": text(d, "node_id"),
+            "node_type": text(d, "node_type"),
+            "title": text(d, "title"),
+            "index": integer(d, "index"),
         }
         if name == "node_started":
             return NodeStarted(**common, **node)
         return NodeFinished(
             **common,
             **node,
-            status=_text(d, "status"),
+            status=text(d, "status"),
             outputs=_object(d, "outputs"),
             error=d.get("error"),
             elapsed_time=_number(d, "elapsed_time"),
         )
     if name == "text_chunk":
-        selector = d.get("from_variable_selector")
         return TextChunk(
-            **common,
-            text=_text(d, "text"),
-            from_variable_selector=[str(part) for part in selector] if isinstance(selector, list) else [],
+            **common, text=text(d, "text"), from_variable_selector=_strings(d.get("from_variable_selector"))
         )
     if name == "human_input_required":
-        form = d.get("form")
-        return HumanInputRequired(
-            **common,
-            node_id=_text(d, "node_id"),
-            title=_text(d, "title"),
-            form=[field for field in form if isinstance(field, dict)] if isinstance(form, list) else [],
-        )
+        return HumanInputRequired(**common, **request_fields(d))
     if name == "workflow_paused":
-        return WorkflowPaused(**common, paused_node_id=_text(d, "paused_node_id"), reason=_text(d, "reason"))
+        return WorkflowPaused(
+            **common,
+            paused_nodes=_strings(d.get("paused_nodes")),
+            outputs=mapping(d, "outputs"),
+            reasons=pause_reasons(d.get("reasons")),
+            status=text(d, "status"),
+            created_at=integer(d, "created_at"),
+            elapsed_time=_number(d, "elapsed_time"),
+            total_tokens=integer(d, "total_tokens"),
+            total_steps=integer(d, "total_steps"),
+        )
+    if name == "human_input_form_filled":
+        return HumanInputFormFilled(
+            **common,
+            node_id=text(d, "node_id"),
+            node_title=text(d, "node_title"),
+            rendered_content=text(d, "rendered_content"),
+            action_id=text(d, "action_id"),
+            action_text=text(d, "action_text"),
+        )
+    if name == "human_input_form_timeout":
+        return HumanInputFormTimeout(
+            **common,
+            node_id=text(d, "node_id"),
+            node_title=text(d, "node_title"),
+            expiration_time=integer(d, "expiration_time"),
+        )
     if name == "workflow_finished":
         return WorkflowFinished(
             **common,
-            status=_text(d, "status"),
+            status=text(d, "status"),
             outputs=_object(d, "outputs"),
             error=d.get("error"),
             elapsed_time=_number(d, "elapsed_time"),
-            total_steps=int(_number(d, "total_steps")),
+            total_steps=integer(d, "total_steps"),
+            total_tokens=integer(d, "total_tokens"),
         )
     return UnknownEvent(**common)

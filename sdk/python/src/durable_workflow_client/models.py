@@ -1,9 +1,11 @@
-"""The API's JSON objects other than events: a run's row, a started run, an accepted human input."""
+"""The API's JSON objects other than events and forms: a run's row, a started run, an accepted human input."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+from .forms import PauseReason, pause_reasons
 
 #: Statuses a run never leaves.
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "stopped"})
@@ -11,7 +13,7 @@ TERMINAL_STATUSES = frozenset({"succeeded", "failed", "stopped"})
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunDetail:
-    """A run's row (``GET /v1/workflows/run/<id>``, and the ``run`` of a 410)."""
+    """A run's row (``GET /v1/workflows/run/<id>``, the ``data`` of a blocking answer, the ``run`` of a 410)."""
 
     id: str
     workflow_id: str
@@ -20,9 +22,13 @@ class RunDetail:
     outputs: dict[str, Any] | None
     error: str | None
     total_steps: int
+    total_tokens: int
     elapsed_time: float
     created_at: int
     finished_at: int | None
+    #: A paused blocking answer only: the nodes waiting for input and their open forms.
+    paused_nodes: list[str] = dataclasses.field(default_factory=list)
+    reasons: list[PauseReason] = dataclasses.field(default_factory=list)
 
     @property
     def is_terminal(self) -> bool:
@@ -38,9 +44,12 @@ class RunDetail:
             outputs=body.get("outputs"),
             error=body.get("error"),
             total_steps=int(body.get("total_steps") or 0),
+            total_tokens=int(body.get("total_tokens") or 0),
             elapsed_time=float(body.get("elapsed_time") or 0.0),
             created_at=int(body.get("created_at") or 0),
             finished_at=None if body.get("finished_at") is None else int(body["finished_at"]),
+            paused_nodes=[str(node) for node in nodes] if isinstance(nodes := body.get("paused_nodes"), list) else [],
+            reasons=pause_reasons(body.get("reasons")),
         )
 
 
@@ -50,6 +59,8 @@ class RunHandle:
 
     task_id: str
     workflow_run_id: str
+    #: The server answered for a run an earlier request with the same ``Idempotency-Key`` started.
+    replayed: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,3 +87,5 @@ class RunOutcome:
     task_id: str
     workflow_run_id: str
     run: RunDetail
+    #: The server answered for a run an earlier request with the same ``Idempotency-Key`` started.
+    replayed: bool = False

@@ -11,8 +11,9 @@ import dataclasses
 import email.utils
 import json
 import time
+import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from httpx_sse import ServerSentEvent
@@ -21,6 +22,30 @@ from .errors import ApiError, ProtocolError, api_error
 from .events import Event, parse_event
 
 USER_AGENT = "durable-workflow-client/0.1"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+#: What a caller passes for a run's ``Idempotency-Key``: ``None`` for a fresh random one, a key of its
+#: own, or ``False`` to send none.
+IdempotencyKey = str | Literal[False] | None
+
+
+def idempotency_key(choice: IdempotencyKey) -> str | None:
+    """The key a run's POST carries, if any.
+
+    Raises:
+        ValueError: A key the server would refuse (it takes 1 to 255 visible ASCII characters).
+    """
+    if choice is False:
+        return None
+    if choice is None:
+        return str(uuid.uuid4())
+    if not 1 <= len(choice) <= 255 or not all("!" <= c <= "~" for c in choice):
+        raise ValueError("an Idempotency-Key is 1 to 255 visible ASCII characters")
+    return choice
+
+
+def was_replayed(headers: Mapping[str, str]) -> bool:
+    """Whether the server answered for a run an earlier request with the same key started."""
+    return headers.get("idempotent-replayed", "").strip().lower() == "true"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,16 +86,32 @@ class Routes:
     def _user_body(self, user: str | None) -> dict[str, Any]:
         return {"user": user} if self.with_user and user is not None else {}
 
-    def run(self, inputs: Mapping[str, Any], user: str | None, mode: str) -> Request:
+    def run(self, inputs: Mapping[str, Any], user: str | None, mode: str, key: str | None) -> Request:
+        """A run's POST; with an ``Idempotency-Key`` sending it again returns the same run, so any
+        failure may be answered by sending it again."""
         body = {"inputs": dict(inputs), **self._user_body(user), "response_mode": mode}
-        return Request("POST", f"{self.prefix}/workflows/run", json=body, resend_on_503=True)
+        headers = {IDEMPOTENCY_HEADER: key} if key is not None else {}
+        path = f"{self.prefix}/workflows/run"
+        return Request("POST", path, json=body, headers=headers, idempotent=key is not None, resend_on_503=True)
 
-    def events(self, task_id: str, user: str | None, *, last_event_id: str | None, continue_on_pause: bool) -> Request:
+    def events(
+        self,
+        run_id: str,
+        user: str | None,
+        *,
+        last_event_id: str | None,
+        continue_on_pause: bool,
+        from_start: bool,
+    ) -> Request:
+        """A run's events: strictly after ``last_event_id``; without one, from the run's beginning
+        (``from_start``) or from what happens next (the server's default)."""
         params = self._user_params(user)
         if continue_on_pause:
             params["continue_on_pause"] = "true"
+        if from_start and not last_event_id:
+            params["include_state_snapshot"] = "true"
         headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-        path = f"{self.prefix}/workflow/{_segment(task_id)}/events"
+        path = f"{self.prefix}/workflow/{_segment(run_id)}/events"
         return Request("GET", path, params, headers=headers, idempotent=True, resend_on_503=True)
 
     def get_run(self, run_id: str, user: str | None) -> Request:
@@ -82,9 +123,23 @@ class Routes:
         path = f"{self.prefix}/workflows/tasks/{_segment(task_id)}/stop"
         return Request("POST", path, json=self._user_body(user), idempotent=True, resend_on_503=True)
 
-    def human_input(self, run_id: str, user: str | None, inputs: Mapping[str, Any]) -> Request:
-        body = {**self._user_body(user), "inputs": dict(inputs)}
+    def human_input(
+        self, run_id: str, user: str | None, inputs: Mapping[str, Any], action: str | None = None
+    ) -> Request:
+        body: dict[str, Any] = {**self._user_body(user), "inputs": dict(inputs)}
+        if action is not None:
+            body["action"] = action
         return Request("POST", f"{self.prefix}/workflows/runs/{_segment(run_id)}/human-input", json=body)
+
+    def form(self, form_token: str) -> Request:
+        path = f"{self.prefix}/form/human_input/{_segment(form_token)}"
+        return Request("GET", path, idempotent=True, resend_on_503=True)
+
+    def submit_form(self, form_token: str, user: str | None, inputs: Mapping[str, Any], action: str) -> Request:
+        # Not sent again once it may have arrived: a second submission would be refused as already
+        # submitted (412) whether the first was this one or someone else's.
+        body = {"inputs": dict(inputs), "action": action, **self._user_body(user)}
+        return Request("POST", f"{self.prefix}/form/human_input/{_segment(form_token)}", json=body)
 
     def passport(self, site_code: str) -> Request:
         path = f"{self.prefix}/passport"
@@ -139,12 +194,18 @@ class StreamState:
     Fed the messages of every connection in turn; the caller of the stream sees only the events.
     """
 
-    def __init__(self, *, task_id: str | None, last_event_id: str | None, continue_on_pause: bool) -> None:
-        self.task_id = task_id
+    def __init__(
+        self, *, followed: str | None, last_event_id: str | None, continue_on_pause: bool, from_start: bool
+    ) -> None:
+        #: The id a stream that follows a run was given (a workflow run id or a task id).
+        self.followed = followed
+        self.task_id: str | None = None
         self.workflow_run_id: str | None = None
         #: The ``id:`` of the last event delivered: a reconnect sends it as ``Last-Event-ID``.
         self.last_event_id = last_event_id
         self.continue_on_pause = continue_on_pause
+        #: Without a ``Last-Event-ID``, (re)connect to the run's beginning rather than its tail.
+        self.from_start = from_start
         #: The stream is over (``workflow_finished``, or a pause that ended the response).
         self.done = False
         #: The last event delivered was a ``workflow_paused`` (it ends the stream if nothing follows it).
@@ -153,11 +214,21 @@ class StreamState:
         self.server_retry: float | None = None
         #: Messages (events or pings) received on the current connection.
         self.received = 0
+        #: The run's POST was answered for a run an earlier POST with the same key started.
+        self.replayed = False
+
+    @property
+    def path_id(self) -> str | None:
+        """The id a reconnect names the run by: its workflow run id (Dify's), else whichever is known."""
+        return self.workflow_run_id or self.task_id or self.followed
 
     def on_connected(self, headers: Mapping[str, str]) -> None:
+        # A run's POST names the run in its headers, before any event: a client cut before the first
+        # event can still reconnect.
         self.received = 0
         self.task_id = self.task_id or headers.get("x-task-id") or None
         self.workflow_run_id = self.workflow_run_id or headers.get("x-workflow-run-id") or None
+        self.replayed = self.replayed or was_replayed(headers)
 
     def on_message(self, sse: ServerSentEvent) -> Event | None:
         """The event this message delivers, if it is one of the run's.
@@ -174,13 +245,8 @@ class StreamState:
             return None
         if sse.event == "error":
             raise api_error(int(_notice(sse).get("status") or 500), _notice(sse))
-        if sse.event == "run_created":
-            notice = _notice(sse)
-            self.task_id = self.task_id or str(notice.get("task_id") or "") or None
-            self.workflow_run_id = self.workflow_run_id or str(notice.get("workflow_run_id") or "") or None
-            return None
         if sse.event != "message":
-            return None  # a notice of a newer server: not one of the run's events
+            return None  # a notice (an older server's ``run_created``, a newer one's): not the run's
         try:
             raw = json.loads(sse.data)
         except ValueError as exc:

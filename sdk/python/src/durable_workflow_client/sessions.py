@@ -19,7 +19,7 @@ from httpx_sse import ServerSentEvent, SSEError
 from .common import ReconnectHook, ReconnectInfo
 from .errors import ApiError, ConnectionLostError, ServiceUnavailableError
 from .events import Event
-from .protocol import Request, Routes, StreamState, error_of_answer, json_body
+from .protocol import IDEMPOTENCY_HEADER, Request, Routes, StreamState, error_of_answer, json_body, was_replayed
 from .retry import Backoff, RetryPolicy
 
 #: A connection open this long was useful even if it only carried pings (a paused run's stream).
@@ -66,6 +66,13 @@ class Step:
 
     body: dict[str, Any] | None = None
     delay: float = 0.0
+    #: The answer is a replay of a run an earlier request with the same ``Idempotency-Key`` started.
+    replayed: bool = False
+
+    @property
+    def answer(self) -> dict[str, Any]:
+        assert self.body is not None, "only the step that ends a call is read"
+        return self.body
 
 
 class Call:
@@ -83,7 +90,7 @@ class Call:
             ProtocolError: A 2xx answer that is not a JSON object.
         """
         if 200 <= status < 300:
-            return Step(body=json_body(status, content))
+            return Step(body=json_body(status, content), replayed=was_replayed(headers))
         error = error_of_answer(status, headers, content)
         if not is_resendable(self.request, error):
             raise error
@@ -125,6 +132,8 @@ class StreamSession:
         self.state = state
         #: The request of the next connection.
         self.request = first
+        #: The key of the run's POST, if it sent one (a resend carries the same).
+        self.idempotency_key = first.headers.get(IDEMPOTENCY_HEADER) if first.method == "POST" else None
         #: How many times the stream reconnected after a failure.
         self.reconnects = 0
         self._on_reconnect = on_reconnect
@@ -134,6 +143,11 @@ class StreamSession:
     @property
     def done(self) -> bool:
         return self.state.done
+
+    @property
+    def posting(self) -> bool:
+        """The next connection sends the run's POST again: the run is not known yet."""
+        return self.request.method == "POST" and self.state.path_id is None
 
     @property
     def run_to_fetch(self) -> str | None:
@@ -169,19 +183,24 @@ class StreamSession:
         so that the stream is over if the run is still paused (then call :meth:`finish`), else
         call :meth:`reconnect`.
 
+        A run's POST that failed before the run was known is sent again only when that cannot start
+        a second run: it carries an ``Idempotency-Key`` (the server answers for the run the first
+        one started, its stream from the start), or it never reached the server (connection refused,
+        or a 503 of a server that dispatched nothing).
+
         Raises:
             ServiceUnavailableError: A run's POST refused in a way that does not allow sending it again.
             ConnectionLostError: A run's POST failed after it was sent: the run may or may not exist.
         """
         state = self.state
-        if isinstance(failure, ServiceUnavailableError):
-            if state.task_id is None and not is_resendable(self.request, failure):
-                raise failure
+        if self.posting and not self.request.idempotent:
+            if isinstance(failure, ServiceUnavailableError):
+                if not is_resendable(self.request, failure):
+                    raise failure
+            elif isinstance(failure, StreamEnded) or sent_before_failing(failure):
+                raise lost(failure, 1, None, started=True) from failure
+        if isinstance(failure, ServiceUnavailableError | StreamEnded):
             return False
-        if isinstance(failure, StreamEnded):
-            return False
-        if state.task_id is None and sent_before_failing(failure):
-            raise lost(failure, 1, None, started=True) from failure
         return state.after_pause and not state.continue_on_pause
 
     def finish(self) -> None:
@@ -204,15 +223,19 @@ class StreamSession:
         self.reconnects += 1
         if self._on_reconnect is not None:
             self._on_reconnect(ReconnectInfo(self.reconnects, delay, failure, state.last_event_id))
-        if state.task_id is not None:
+        if state.path_id is not None:
             self.request = self._resume_request()
         return delay
 
     def _resume_request(self) -> Request:
         state = self.state
-        assert state.task_id is not None
+        assert state.path_id is not None
         return self.routes.events(
-            state.task_id, self.user, last_event_id=state.last_event_id, continue_on_pause=state.continue_on_pause
+            state.path_id,
+            self.user,
+            last_event_id=state.last_event_id,
+            continue_on_pause=state.continue_on_pause,
+            from_start=state.from_start,
         )
 
 
@@ -238,3 +261,13 @@ class StreamView:
     def reconnects(self) -> int:
         """How many times the stream reconnected after a failure."""
         return self._session.reconnects
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The ``Idempotency-Key`` of the run's POST (``None`` for a stream that follows a run, or none sent)."""
+        return self._session.idempotency_key
+
+    @property
+    def replayed(self) -> bool:
+        """The server answered the run's POST for a run an earlier POST with the same key started."""
+        return self._session.state.replayed

@@ -16,13 +16,14 @@ from typing import Any, Literal, Self, overload
 import httpx
 from httpx_sse import EventSource
 
-from .base import ClientBase, ServiceFlavour, WebFlavour
+from .base import ClientBase, ServiceFlavour, WebFlavour, first_action
 from .common import accepted_of, handle_of, outcome_of, passport_of
 from .errors import ApiError, ConnectionLostError, EventsGoneError
 from .events import Event
+from .forms import HumanInputForm
 from .models import HumanInputAccepted, Passport, RunDetail, RunHandle, RunOutcome
-from .protocol import Request, error_of_answer
-from .sessions import RECONNECTABLE, StreamSession, StreamView
+from .protocol import IdempotencyKey, Request, error_of_answer
+from .sessions import RECONNECTABLE, Step, StreamSession, StreamView
 
 
 class _Closing:
@@ -109,8 +110,8 @@ class ClientCore(_Closing, ClientBase[httpx.Client]):
         """Send ``request`` and return the response with its body not yet read (close it)."""
         return self.http.send(self.build(request, stream=True), stream=True)
 
-    def call(self, request: Request) -> dict[str, Any]:
-        """Send ``request`` (again, within the budget, where that is safe); its JSON answer.
+    def exchange(self, request: Request) -> Step:
+        """Send ``request`` (again, within the budget, where that is safe); the step with its answer.
 
         Raises:
             ApiError: The API's error answer.
@@ -125,8 +126,20 @@ class ClientCore(_Closing, ClientBase[httpx.Client]):
             else:
                 step = call.answered(response.status_code, response.headers, response.content)
             if step.body is not None:
-                return step.body
+                return step
             time.sleep(step.delay)
+
+    def call(self, request: Request) -> dict[str, Any]:
+        """As :meth:`exchange`: the JSON answer."""
+        return self.exchange(request).answer
+
+    def get_form(self, form_token: str) -> HumanInputForm:
+        """The human-input form of ``form_token`` (from ``human_input_required`` or a pause's reasons)."""
+        return HumanInputForm.from_json(self.call(self.routes.form(form_token)))
+
+    def _submit_form(self, form_token: str, user: str | None, inputs: Mapping[str, Any], action: str | None) -> None:
+        chosen = action if action is not None else first_action(self.get_form(form_token))
+        self.call(self.routes.submit_form(form_token, user, inputs, chosen))
 
     def fetch_run(self, run_id: str, user: str | None) -> RunDetail:
         return RunDetail.from_json(self.call(self.routes.get_run(run_id, user)))
@@ -172,38 +185,75 @@ class Client(ServiceFlavour[httpx.Client], ClientCore):
 
     @overload
     def run(
-        self, inputs: Mapping[str, Any], user: str, *, stream: Literal[True] = True, continue_on_pause: bool = False
+        self,
+        inputs: Mapping[str, Any],
+        user: str,
+        *,
+        stream: Literal[True] = True,
+        continue_on_pause: bool = False,
+        idempotency_key: IdempotencyKey = None,
     ) -> EventStream: ...
 
     @overload
-    def run(self, inputs: Mapping[str, Any], user: str, *, stream: Literal[False]) -> RunOutcome: ...
+    def run(
+        self, inputs: Mapping[str, Any], user: str, *, stream: Literal[False], idempotency_key: IdempotencyKey = None
+    ) -> RunOutcome: ...
 
     def run(
-        self, inputs: Mapping[str, Any], user: str, *, stream: bool = True, continue_on_pause: bool = False
+        self,
+        inputs: Mapping[str, Any],
+        user: str,
+        *,
+        stream: bool = True,
+        continue_on_pause: bool = False,
+        idempotency_key: IdempotencyKey = None,
     ) -> EventStream | RunOutcome:
         """Start a run. Streaming: its events (to ``workflow_finished``, or the pause unless
-        ``continue_on_pause``). Not streaming: wait for it to finish or pause (``blocking`` mode)."""
-        if not stream:
-            return outcome_of(self.call(self.routes.run(inputs, user, "blocking")))
-        return EventStream(self, self.run_session(inputs, user, continue_on_pause))
+        ``continue_on_pause``). Not streaming: wait for it to finish or pause (``blocking`` mode).
 
-    def start(self, inputs: Mapping[str, Any], user: str) -> RunHandle:
+        ``idempotency_key``: ``None`` sends a fresh random ``Idempotency-Key``, so that a POST cut
+        before its answer is sent again without starting a second run; a string of your own does
+        the same across processes; ``False`` sends none.
+        """
+        if not stream:
+            step = self.exchange(self.run_request(inputs, user, "blocking", idempotency_key))
+            return outcome_of(step.answer, step.replayed)
+        return EventStream(self, self.run_session(inputs, user, continue_on_pause, idempotency_key))
+
+    def start(self, inputs: Mapping[str, Any], user: str, *, idempotency_key: IdempotencyKey = None) -> RunHandle:
         """Start a run in the background (``async`` mode); follow it later with :meth:`follow`."""
-        return handle_of(self.call(self.routes.run(inputs, user, "async")))
+        step = self.exchange(self.run_request(inputs, user, "async", idempotency_key))
+        return handle_of(step.answer, step.replayed)
 
     def follow(
-        self, task_id: str, user: str, *, after: str | None = None, continue_on_pause: bool = False
+        self,
+        run_id: str,
+        user: str,
+        *,
+        after: str | None = None,
+        continue_on_pause: bool = False,
+        from_start: bool = True,
     ) -> EventStream:
-        """(Re)attach to a run's events: strictly after the resume token ``after``, or from its beginning."""
-        return EventStream(self, self.follow_session(task_id, user, after, continue_on_pause))
+        """(Re)attach to a run's events (``run_id``: its workflow run id, or its task id): strictly
+        after the resume token ``after``; without one, from the run's beginning, or with
+        ``from_start=False`` from what happens next (a finished run: its ``workflow_finished``)."""
+        return EventStream(self, self.follow_session(run_id, user, after, continue_on_pause, from_start))
 
     def stop(self, task_id: str, user: str) -> None:
         """Stop a running or paused run (idempotent)."""
         self.call(self.routes.stop(task_id, user))
 
-    def submit_human_input(self, run_id: str, user: str, inputs: Mapping[str, Any]) -> HumanInputAccepted:
-        """Submit the form of a paused run's human-input node; the run goes on in the background."""
-        return accepted_of(self.call(self.routes.human_input(run_id, user, inputs)))
+    def submit_form(self, form_token: str, user: str, inputs: Mapping[str, Any], action: str | None = None) -> None:
+        """Submit a human-input form; the run goes on in the background. Without ``action`` the
+        form's first action is used (that takes a :meth:`get_form` first)."""
+        self._submit_form(form_token, user, inputs, action)
+
+    def submit_human_input(
+        self, run_id: str, user: str, inputs: Mapping[str, Any], *, action: str | None = None
+    ) -> HumanInputAccepted:
+        """Submit the open form of a paused run by the run's id (this API's own route, kept for
+        compatibility; :meth:`submit_form` is Dify's)."""
+        return accepted_of(self.call(self.routes.human_input(run_id, user, inputs, action)))
 
     def get_run(self, run_id: str, user: str) -> RunDetail:
         """The run's row (status, outputs, error, timing)."""
@@ -229,25 +279,45 @@ class WebClient(WebFlavour[httpx.Client], ClientCore):
 
     @overload
     def run(
-        self, inputs: Mapping[str, Any], *, stream: Literal[True] = True, continue_on_pause: bool = False
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        stream: Literal[True] = True,
+        continue_on_pause: bool = False,
+        idempotency_key: IdempotencyKey = None,
     ) -> EventStream: ...
 
     @overload
-    def run(self, inputs: Mapping[str, Any], *, stream: Literal[False]) -> RunOutcome: ...
+    def run(
+        self, inputs: Mapping[str, Any], *, stream: Literal[False], idempotency_key: IdempotencyKey = None
+    ) -> RunOutcome: ...
 
     def run(
-        self, inputs: Mapping[str, Any], *, stream: bool = True, continue_on_pause: bool = False
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        stream: bool = True,
+        continue_on_pause: bool = False,
+        idempotency_key: IdempotencyKey = None,
     ) -> EventStream | RunOutcome:
         """As :meth:`Client.run`, for the passport's end user."""
         if not stream:
-            return outcome_of(self.call(self.routes.run(inputs, None, "blocking")))
-        return EventStream(self, self.run_session(inputs, None, continue_on_pause))
+            step = self.exchange(self.run_request(inputs, None, "blocking", idempotency_key))
+            return outcome_of(step.answer, step.replayed)
+        return EventStream(self, self.run_session(inputs, None, continue_on_pause, idempotency_key))
 
-    def start(self, inputs: Mapping[str, Any]) -> RunHandle:
-        return handle_of(self.call(self.routes.run(inputs, None, "async")))
+    def start(self, inputs: Mapping[str, Any], *, idempotency_key: IdempotencyKey = None) -> RunHandle:
+        step = self.exchange(self.run_request(inputs, None, "async", idempotency_key))
+        return handle_of(step.answer, step.replayed)
 
-    def follow(self, task_id: str, *, after: str | None = None, continue_on_pause: bool = False) -> EventStream:
-        return EventStream(self, self.follow_session(task_id, None, after, continue_on_pause))
+    def follow(
+        self, run_id: str, *, after: str | None = None, continue_on_pause: bool = False, from_start: bool = True
+    ) -> EventStream:
+        return EventStream(self, self.follow_session(run_id, None, after, continue_on_pause, from_start))
 
     def stop(self, task_id: str) -> None:
         self.call(self.routes.stop(task_id, None))
+
+    def submit_form(self, form_token: str, inputs: Mapping[str, Any], action: str | None = None) -> None:
+        """As :meth:`Client.submit_form`, for the passport's end user."""
+        self._submit_form(form_token, None, inputs, action)

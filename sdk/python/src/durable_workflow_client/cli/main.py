@@ -9,6 +9,7 @@ ends there with 0), 2 a usage error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -21,6 +22,8 @@ from rich.live import Live
 from ..common import ReconnectInfo
 from ..errors import ApiError, ClientError, ConnectionLostError
 from ..events import Event, WorkflowFinished
+from ..forms import HumanInputForm
+from ..protocol import IdempotencyKey
 from ..retry import RetryPolicy
 from ..sync_client import Client, EventStream
 from .view import RunView
@@ -55,14 +58,27 @@ def parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", parents=[common, follow], help="start a run")
     run.add_argument("--inputs", type=_inputs, default={}, help='e.g. \'{"name": "Ada"}\'')
     run.add_argument("--follow", action="store_true", help="show its events to the end (else print its ids)")
+    keys = run.add_mutually_exclusive_group()
+    keys.add_argument("--idempotency-key", help="a key of your own (default: a fresh one): the same key starts one run")
+    keys.add_argument("--no-idempotency-key", action="store_true", help="send none (a cut start is then not resent)")
     attach = commands.add_parser("follow", parents=[common, follow], help="follow a run's events")
-    attach.add_argument("task_id")
-    attach.add_argument("--after", help="a resume token: continue strictly after that event")
+    attach.add_argument("run_id", help="the workflow run id (or the task id)")
+    position = attach.add_mutually_exclusive_group()
+    position.add_argument("--after", help="a resume token: continue strictly after that event")
+    position.add_argument("--tail", action="store_true", help="from what happens next, not from the run's beginning")
     stop = commands.add_parser("stop", parents=[common], help="stop a run")
     stop.add_argument("task_id")
-    resume = commands.add_parser("resume-input", parents=[common, follow], help="submit a paused run's form")
+    form = commands.add_parser("form", parents=[common], help="show a human-input form")
+    form.add_argument("form_token")
+    submit = commands.add_parser("submit-form", parents=[common, follow], help="submit a human-input form")
+    submit.add_argument("form_token")
+    submit.add_argument("--inputs", type=_inputs, required=True)
+    submit.add_argument("--action", help="the action (button) to submit with (default: the form's first)")
+    submit.add_argument("--follow-run", metavar="RUN_ID", help="then follow that run to its end")
+    resume = commands.add_parser("resume-input", parents=[common, follow], help="submit a paused run's open form")
     resume.add_argument("run_id")
     resume.add_argument("--inputs", type=_inputs, required=True)
+    resume.add_argument("--action", help="the action (button) to submit with (default: the form's first)")
     resume.add_argument("--follow", action="store_true", help="then follow the run to its end")
     return top
 
@@ -98,26 +114,53 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None, e
 
 def _command(args: argparse.Namespace, client: Client, out: Console, err: Console, notes: list[ReconnectInfo]) -> int:
     continue_on_pause = not getattr(args, "until_pause", False)
+    # Following a run shows it from its beginning unless asked otherwise (the server's default is its tail).
     if args.command == "run":
+        key: IdempotencyKey = False if args.no_idempotency_key else args.idempotency_key
         if not args.follow:
-            handle = client.start(args.inputs, args.user)
+            handle = client.start(args.inputs, args.user, idempotency_key=key)
             _print_json_or(out, args.json, {"task_id": handle.task_id, "workflow_run_id": handle.workflow_run_id})
             return EXIT_OK
-        stream = client.run(args.inputs, args.user, continue_on_pause=continue_on_pause)
+        stream = client.run(args.inputs, args.user, continue_on_pause=continue_on_pause, idempotency_key=key)
     elif args.command == "follow":
-        stream = client.follow(args.task_id, args.user, after=args.after, continue_on_pause=continue_on_pause)
+        stream = client.follow(
+            args.run_id, args.user, after=args.after, continue_on_pause=continue_on_pause, from_start=not args.tail
+        )
     elif args.command == "stop":
         client.stop(args.task_id, args.user)
         _print_json_or(out, args.json, {"result": "success", "task_id": args.task_id})
         return EXIT_OK
+    elif args.command == "form":
+        _print_form(out, args.json, client.get_form(args.form_token))
+        return EXIT_OK
+    elif args.command == "submit-form":
+        client.submit_form(args.form_token, args.user, args.inputs, args.action)
+        if not args.follow_run:
+            _print_json_or(out, args.json, {"result": "success", "form_token": args.form_token})
+            return EXIT_OK
+        stream = client.follow(args.follow_run, args.user, continue_on_pause=continue_on_pause)
     else:
-        accepted = client.submit_human_input(args.run_id, args.user, args.inputs)
+        accepted = client.submit_human_input(args.run_id, args.user, args.inputs, action=args.action)
         if not args.follow:
             body = {"task_id": accepted.task_id, "workflow_run_id": accepted.workflow_run_id, "status": accepted.status}
             _print_json_or(out, args.json, body)
             return EXIT_OK
-        stream = client.follow(accepted.task_id, args.user, continue_on_pause=continue_on_pause)
+        stream = client.follow(accepted.workflow_run_id, args.user, continue_on_pause=continue_on_pause)
     return _show(stream, out, err, notes, as_json=args.json, until_pause=not continue_on_pause)
+
+
+def _print_form(out: Console, as_json: bool, form: HumanInputForm) -> None:
+    if as_json:
+        out.print_json(json.dumps(dataclasses.asdict(form)), indent=None)
+        return
+    lines = [form.form_content] if form.form_content else []
+    for field in form.inputs:
+        optional = "" if field.required else ", optional"
+        default = f" = {json.dumps(field.default_value)}" if field.default is not None else ""
+        lines.append(f"field {field.output_variable_name} ({field.type}{optional}){default}: {field.label}")
+    lines += [f"action {action.id}: {action.title}" for action in form.user_actions]
+    lines.append(f"expires at {form.expiration_time} (Unix seconds)")
+    out.print("\n".join(lines), markup=False, highlight=False)
 
 
 def _print_json_or(out: Console, as_json: bool, body: dict[str, Any]) -> None:

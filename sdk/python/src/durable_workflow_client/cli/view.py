@@ -18,6 +18,8 @@ from rich.text import Text
 
 from ..events import (
     Event,
+    HumanInputFormFilled,
+    HumanInputFormTimeout,
     HumanInputRequired,
     NodeFinished,
     NodeStarted,
@@ -26,6 +28,7 @@ from ..events import (
     WorkflowPaused,
     WorkflowStarted,
 )
+from ..forms import FormAction, FormInput, PauseReason
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "stopped": "yellow", "paused": "cyan", "running": "blue"}
 STATUS_MARK = {"succeeded": "✔", "failed": "✘", "stopped": "■", "paused": "⏸"}
@@ -45,6 +48,34 @@ class NodeRow:
     error: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class OpenForm:
+    """A form the run waits for, as a ``human_input_required`` or a pause's reason describes it."""
+
+    node_id: str
+    title: str
+    token: str
+    inputs: list[FormInput]
+    actions: list[FormAction]
+
+    @classmethod
+    def of(cls, request: HumanInputRequired | PauseReason) -> OpenForm:
+        title = request.node_title or request.node_id
+        return cls(request.node_id, title, request.form_token, request.inputs, request.actions)
+
+    def describe(self) -> str:
+        fields = ", ".join(
+            f"{field.output_variable_name} ({field.type}{'' if field.required else ', optional'})"
+            for field in self.inputs
+        )
+        actions = ", ".join(action.id for action in self.actions)
+        return f"{self.title}: {fields or 'no fields'}; actions: {actions or '-'}"
+
+    def command(self, run_id: str | None) -> str:
+        follow = f" --follow-run {run_id}" if run_id else ""
+        return f"dwe submit-form {self.token} --inputs '{{…}}'{follow}"
+
+
 class RunView:
     """What the run looks like so far."""
 
@@ -56,7 +87,8 @@ class RunView:
         #: ``running``, ``paused``, or the final status.
         self.status = "running"
         self.finished: WorkflowFinished | None = None
-        self.form: HumanInputRequired | None = None
+        #: The forms the run waits for, by node.
+        self.forms: dict[str, OpenForm] = {}
         self.events = 0
         self.reconnects = 0
         #: The stream is over: the live state line gives way to :meth:`final_line`.
@@ -79,16 +111,19 @@ class RunView:
                 event.execution_id, NodeRow(event.index, event.node_id, event.title or event.node_id, event.node_type)
             )
             row.status, row.elapsed, row.error = event.status, event.elapsed_time, event.error
-            if self.form is not None and self.form.node_id == event.node_id:
-                self.form = None
+            self.forms.pop(event.node_id, None)
         elif isinstance(event, TextChunk):
             self.text += event.text
         elif isinstance(event, HumanInputRequired):
-            self.form = event
+            self.forms[event.node_id] = OpenForm.of(event)
+        elif isinstance(event, HumanInputFormFilled | HumanInputFormTimeout):
+            self.forms.pop(event.node_id, None)
         elif isinstance(event, WorkflowPaused):
             self.status = "paused"
+            for reason in event.reasons:
+                self.forms.setdefault(reason.node_id, OpenForm.of(reason))
             for row in self.nodes.values():
-                if row.node_id == event.paused_node_id and row.status == "running":
+                if row.node_id in event.paused_nodes and row.status == "running":
                     row.status = "paused"
         elif isinstance(event, WorkflowFinished):
             self.status, self.finished = event.status or "failed", event
@@ -117,9 +152,8 @@ class RunView:
     def _state(self) -> RenderableType:
         if self.status == "paused":
             hint = "waiting for human input"
-            if self.form is not None and self.run_id:
-                fields = ", ".join(str(field.get("name")) for field in self.form.form)
-                hint += f" ({fields}): dwe resume-input {self.run_id} --inputs '{{…}}'"
+            for form in self.forms.values():
+                hint += f"\n  {form.describe()}\n  {form.command(self.run_id)}"
             return Spinner("clock", text=Text(hint, style="cyan"))
         return Spinner("dots", text=Text(f"running · {self.events} events", style="blue"))
 
@@ -139,12 +173,13 @@ class RunView:
         finished = self.finished
         if finished is None:
             if self.status == "paused":
-                hint = f"dwe resume-input {self.run_id} --inputs '{{…}}'"
+                commands = [form.command(self.run_id) for form in self.forms.values()]
+                hint = " or ".join(commands) or f"dwe resume-input {self.run_id} --inputs '{{…}}'"
                 return Text(f"⏸ paused: submit the form with {hint}", style="cyan")
             return Text("? the stream ended before the run did", style="yellow")
         style = STATUS_STYLE.get(finished.status, "red")
         line = Text(f"{STATUS_MARK.get(finished.status, '✘')} {finished.status}", style=f"bold {style}")
-        line.append(f" in {finished.elapsed_time:.2f} s, {finished.total_steps} steps")
+        line.append(f" in {finished.elapsed_time:.2f} s, {finished.total_steps} steps, {finished.total_tokens} tokens")
         if finished.outputs:
             line.append(f"\noutputs: {json.dumps(finished.outputs, ensure_ascii=False)}")
         if finished.error:
