@@ -9,6 +9,9 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
   start-up (modules, the Flask app, SQLAlchemy metadata, settings) then live in the permanent
   generation and are no longer scanned by every full collection, which a worker holding thousands of
   streams otherwise runs over hundreds of thousands of objects, stalling every stream while it does.
+- It starts the API process's reaper (``API_REAPER_INTERVAL``; ``api.extensions.ext_reaper``), so a run
+  whose worker died ends within its lease and one sweep even with no Celery worker left and nobody
+  reading it.
 - It also turns off gevent's greenlet-tree tracking (unless ``GEVENT_TRACK_GREENLET_TREE`` is set): with
   it, every connection's greenlet keeps a copy of the stack that spawned it (about nine frame records
   and their lists), long-lived objects the cyclic GC would scan for as long as the stream is open.
@@ -43,6 +46,11 @@ def post_worker_init(worker: Any) -> None:
         import gevent
 
         gevent.config.track_greenlet_tree = False
+    from api.extensions import ext_reaper
+
+    reaper = ext_reaper.start_in_api_worker(worker.wsgi)
+    if reaper is not None:
+        worker.log.info("reaper: sweeping every %g s in this API worker", reaper.interval)
     gc.collect()
     gc.freeze()
     worker.log.info("gc.freeze(): %d start-up objects are no longer scanned by the cyclic GC", gc.get_freeze_count())

@@ -80,6 +80,19 @@ class AppConfig(BaseSettings):
         description="Seconds between the reaper's sweeps in each Celery worker (expired leases, start "
         "deadlines, pending ends); 0 turns the worker's reaper off.",
     )
+    API_REAPER_INTERVAL: float = Field(
+        default=10,
+        ge=0,
+        description="Seconds between the reaper's sweeps in each API worker process served by gunicorn with "
+        "api.gunicorn_conf (expired leases, start deadlines, pending ends, lost task messages, expired forms), "
+        "so runs end with no Celery worker alive; 0 turns it off.",
+    )
+    WORKFLOW_DISPATCH_GRACE: float = Field(
+        default=10,
+        gt=0,
+        description="Seconds after which a committed run whose task message never reached the broker (its API "
+        "process died in between) is queued again by the next sweep or read of the run.",
+    )
     DURABLE_STREAM_MAX_AGE_SECONDS: float = Field(
         default=7 * 24 * 3600,
         description="Default retention of run events when DURABLE_STREAM_URL sets no max_age_seconds; 0 keeps them.",

@@ -13,7 +13,7 @@ import urllib.parse
 from flask import Flask, current_app
 
 from api.configs import AppConfig
-from api.core.durable_stream import DurableStreamBackend, connect
+from api.core.durable_stream import DurableStreamBackend, DurableStreamError, connect
 
 
 class DurableStreamExtension:
@@ -39,7 +39,11 @@ class DurableStreamExtension:
 
 
 def init_app(app: Flask, config: AppConfig) -> None:
+    from api.libs.external_api import STREAM_STORE_ERRORS
+
     app.extensions["durable_stream"] = DurableStreamExtension(stream_url_with_retention(config))
+    if DurableStreamError not in STREAM_STORE_ERRORS:
+        STREAM_STORE_ERRORS.append(DurableStreamError)
 
 
 def stream_url_with_retention(config: AppConfig) -> str:

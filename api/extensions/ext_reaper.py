@@ -1,4 +1,5 @@
-"""The reaper: a thread in every Celery worker that ends runs whose owner is gone, and applies retention.
+"""The reaper: a thread in every Celery worker and every API worker process that ends runs whose owner
+is gone (and, in the Celery workers, applies retention).
 
 Each sweep (every ``WORKFLOW_REAPER_INTERVAL`` seconds, with jitter so that several workers spread
 out) fails runs whose lease expired or whose queued attempt was never started, and writes the
@@ -24,14 +25,21 @@ logger = logging.getLogger(__name__)
 
 
 class Reaper:
-    def __init__(self, app: Flask) -> None:
+    """Sweeps every ``interval`` seconds (default: the worker's ``WORKFLOW_REAPER_INTERVAL``); applies
+    retention too unless ``retention`` is false (an API process leaves that to the workers and beat)."""
+
+    def __init__(self, app: Flask, *, interval: float | None = None, retention: bool = True) -> None:
         config: AppConfig = app.config["APP_CONFIG"]
         self._app = app
-        self._interval = config.WORKFLOW_REAPER_INTERVAL
-        self._retention_interval = config.DURABLE_STREAM_RETENTION_INTERVAL
+        self._interval = config.WORKFLOW_REAPER_INTERVAL if interval is None else interval
+        self._retention_interval = config.DURABLE_STREAM_RETENTION_INTERVAL if retention else 0
         self._durable = config.WORKFLOW_EVENT_TRANSPORT == "durable_stream"
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="workflow-reaper", daemon=True)
+
+    @property
+    def interval(self) -> float:
+        return self._interval
 
     @property
     def enabled(self) -> bool:
@@ -62,7 +70,7 @@ class Reaper:
 
         try:
             report = reap()
-            if report.lease_expired or report.not_started or report.ends_written:
+            if report:
                 logger.warning("reaper: %s", report)
         except Exception:  # the database or the stream store is away: try again next time
             logger.exception("reaper: the sweep failed")
@@ -91,6 +99,17 @@ class Reaper:
             enforce_retention()
         except Exception:
             logger.exception("reaper: enforce_retention() failed")
+
+
+def start_in_api_worker(app: Flask) -> Reaper | None:
+    """Run a reaper in this API worker process (gunicorn's ``post_worker_init``), so that runs end
+    whether or not any Celery worker is alive: every ``API_REAPER_INTERVAL`` seconds, without retention."""
+    config: AppConfig = app.config["APP_CONFIG"]
+    reaper = Reaper(app, interval=config.API_REAPER_INTERVAL, retention=False)
+    if not reaper.enabled:
+        return None
+    reaper.start()
+    return reaper
 
 
 def init_worker(app: Flask) -> None:

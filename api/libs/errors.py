@@ -68,6 +68,14 @@ class RunWaitTimeoutError(ServiceError):
 class ServiceUnavailableError(ServiceError):
     status = 503
     code = "stream_unavailable"
+    #: Outages of a store or the queue are usually short: a client should come back soon, not at once.
+    retry_after = 2
+
+
+#: What a client is told when the event stream's store cannot be reached (the detail goes to the log).
+STREAM_UNAVAILABLE = "the event stream is unavailable; try again shortly"
+#: What a run's row and its ``workflow_finished`` say when its events could not be written.
+STREAM_FAILED_RUN = "the event stream was unavailable"
 
 
 class EventStreamBusyError(ServiceUnavailableError):

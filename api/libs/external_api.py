@@ -11,9 +11,14 @@ from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from api.libs.errors import ServiceError
+from api.libs.errors import STREAM_UNAVAILABLE, ServiceError, ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
+
+#: Errors of the event stream's store that reached no service's own mapping (a process's first use
+#: of the store opens its connection, wherever that happens): registered by the extension that owns
+#: the store, answered 503 ``stream_unavailable`` like every mapped one.
+STREAM_STORE_ERRORS: list[type[Exception]] = []
 
 
 def error_response(
@@ -32,6 +37,10 @@ def http_error_response(error: Exception) -> Response:
         return error_response("request_too_large", f"the request body is larger than {limit} bytes", 413)
     if isinstance(error, ServiceError):
         return error_response(error.code, error.message, error.status, error.details, retry_after=error.retry_after)
+    if STREAM_STORE_ERRORS and isinstance(error, tuple(STREAM_STORE_ERRORS)):
+        logger.warning("the event stream's store is unavailable: %s", error)
+        retry_after = ServiceUnavailableError.retry_after
+        return error_response("stream_unavailable", STREAM_UNAVAILABLE, 503, retry_after=retry_after)
     if isinstance(error, HTTPException):
         status = error.code or 500
         name = (error.name or "error").lower().replace(" ", "_")

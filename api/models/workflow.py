@@ -39,6 +39,9 @@ class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     #: Engine state saved at a pause (variable pool, paused node); cleared when the run ends.
     state_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: What resumes the current attempt (a form's answer or its timeout), kept so that an attempt whose
+    #: task message was lost can be queued again with it.
+    resume_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     total_steps: Mapped[int] = mapped_column(Integer, default=0)
     #: The simulated model's tokens over the run (recorded at each pause and at the end).
     total_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -50,6 +53,9 @@ class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
     attempt_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     #: Unix time the current attempt was queued; a run not started within the start deadline ends.
     dispatched_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: Unix time the current attempt's task message was handed to the broker (``None`` until then): a
+    #: committed run whose message never left its API process is queued again after a short grace.
+    queued_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     #: Unix time a worker claimed the current attempt (``None`` while it waits in the queue).
     attempt_started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     #: The incarnation (epoch) of the run's topic when the run started: a reader that finds

@@ -191,7 +191,7 @@ def _await_pause(run: WorkflowRun) -> None:
 
 
 def _resume(run: WorkflowRun, submission: dict[str, Any]) -> None:
-    if run_store.resume(run.id) is None:  # stopped (or expired) between the checks and now
+    if run_store.resume(run.id, submission) is None:  # stopped (or expired) between the checks and now
         raise _expired()
     db.session.refresh(run)
     runs.dispatch(run, resume_form=submission)

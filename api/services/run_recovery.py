@@ -2,10 +2,11 @@
 
 A run must always end, visibly: a terminal row *and* a ``workflow_finished`` record at the end of
 its sealed topic. The worker's attempt normally writes both; when something died on the way, the
-checks here finish the job. They run from several places — the reaper in every Celery worker
-(:mod:`api.extensions.ext_reaper`), the run watcher of every API process with open event streams
-(:mod:`api.services.run_watcher`), the idle check of every blocking request of the
-run, and a task delivery that finds its attempt already claimed — and all of them are idempotent
+checks here finish the job. They run from several places — the reaper in every Celery worker and
+every API process (:mod:`api.extensions.ext_reaper`), Celery beat's reaper task, every read of a run
+(its detail, its events, a blocking wait), the run watcher of every API process with open event
+streams (:mod:`api.services.run_watcher`), and a task delivery that finds its attempt already
+claimed — so a run's truth does not depend on who happens to be alive; and all of them are idempotent
 and safe to run concurrently: each row change is a conditional update that one caller wins, and a
 topic's end is written by :func:`~api.core.app.apps.run_end.write_end`, which is safe to repeat.
 """
@@ -13,6 +14,7 @@ topic's end is written by :func:`~api.core.app.apps.run_end.write_end`, which is
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from typing import Any
@@ -32,6 +34,8 @@ from api.libs import log_context, metrics
 from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
+from . import task_queue
+
 logger = logging.getLogger(__name__)
 
 LEASE_EXPIRED_ERROR = "the worker executing this run stopped responding (lease expired)"
@@ -46,12 +50,16 @@ class ReapReport:
     lease_expired: int = 0
     not_started: int = 0
     ends_written: int = 0
+    requeued: int = 0
 
     def __str__(self) -> str:
         return (
             f"{self.lease_expired} run(s) with an expired lease and {self.not_started} never started "
-            f"ended; {self.ends_written} pending end(s) written"
+            f"ended; {self.ends_written} pending end(s) written; {self.requeued} lost task(s) queued again"
         )
+
+    def __bool__(self) -> bool:
+        return bool(self.lease_expired or self.not_started or self.ends_written or self.requeued)
 
 
 def _config() -> AppConfig:
@@ -94,7 +102,8 @@ def check_run(app: App, run: WorkflowRun) -> bool:
     """
     with log_context.bound(run_log_fields(app, run)):
         failed = check_lease(app, run) or check_start_deadline(app, run)
-        return repair_end(app, run) or failed
+        requeued = not failed and check_queued(app, run)
+        return repair_end(app, run) or failed or requeued
 
 
 def run_log_fields(app: App, run: WorkflowRun) -> dict[str, str]:
@@ -152,6 +161,28 @@ def check_start_deadline(app: App, run: WorkflowRun) -> bool:
     return True
 
 
+def check_queued(app: App, run: WorkflowRun) -> bool:
+    """Queue again a run's current attempt whose task message never reached the broker (its API process
+    died between committing the run and queueing it). A duplicate message is harmless: one claim wins."""
+    grace = _config().WORKFLOW_DISPATCH_GRACE
+    if run.status != WorkflowRunStatus.RUNNING.value or run.attempt_started_at is not None or run.queued_at:
+        return False
+    if run.attempt_id is None or run.dispatched_at is None or run.dispatched_at >= time.time() - grace:
+        return False
+    if not run_store.claim_requeue(run.id, run.attempt_id, grace):
+        return False
+    try:
+        task_queue.send_task(run, None if run.resume_json is None else json.loads(run.resume_json))
+    except Exception:  # the broker is away: the next check tries again, the start deadline still holds
+        logger.warning("run %s: could not queue its lost task again", run.id, exc_info=True)
+        run_store.release_requeue(run.id, run.attempt_id)
+        return False
+    metrics.REAPS.tally.add(("requeued",))
+    logger.warning("run %s: its task message never reached the broker; queued it again", run.id)
+    db.session.refresh(run)
+    return True
+
+
 def repair_end(app: App, run: WorkflowRun) -> bool:
     """Write the end of a terminal run whose topic lacks it. One try; a failure leaves it pending."""
     if not run.run_status.is_terminal or run.stream_ended:
@@ -175,7 +206,8 @@ def repair_end(app: App, run: WorkflowRun) -> bool:
 
 
 def reap() -> ReapReport:
-    """One sweep over every run that needs a check (see :func:`check_run`)."""
+    """One sweep over every run that needs a check (see :func:`check_run`), also a task message lost
+    before it reached the broker (:func:`check_queued`)."""
     now = time.time()
     timeout = _config().WORKFLOW_START_TIMEOUT
     running = WorkflowRun.status == WorkflowRunStatus.RUNNING.value
@@ -191,6 +223,14 @@ def reap() -> ReapReport:
         overdue.append(
             and_(running, WorkflowRun.attempt_started_at.is_(None), WorkflowRun.dispatched_at < now - timeout)
         )
+    overdue.append(
+        and_(
+            running,
+            WorkflowRun.attempt_started_at.is_(None),
+            WorkflowRun.queued_at.is_(None),
+            WorkflowRun.dispatched_at < now - _config().WORKFLOW_DISPATCH_GRACE,
+        )
+    )
     rows = db.session.execute(
         select(WorkflowRun, App).join(App, App.id == WorkflowRun.app_id).where(or_(*overdue))
     ).all()
@@ -204,6 +244,8 @@ def reap() -> ReapReport:
                     report.not_started += 1
                 elif repair_end(app, run):
                     report.ends_written += 1
+                elif check_queued(app, run):
+                    report.requeued += 1
         except Exception:  # one run's trouble must not stop the sweep
             logger.exception("reaper: could not check run %s", run.id)
             db.session.rollback()

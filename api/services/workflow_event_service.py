@@ -38,7 +38,7 @@ from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, Dura
 from api.extensions.ext_durable_stream import retention_max_age
 from api.extensions.ext_event_bus import event_transport
 from api.libs import log_context, metrics
-from api.libs.errors import GoneError, ServiceUnavailableError
+from api.libs.errors import STREAM_FAILED_RUN, STREAM_UNAVAILABLE, GoneError, ServiceUnavailableError
 from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
@@ -69,8 +69,12 @@ def _config() -> AppConfig:
 
 
 def resumable() -> bool:
-    """Whether events carry cursors (and a client's ``Last-Event-ID`` means anything)."""
-    return event_transport().resumable
+    """Whether events carry cursors (and a client's ``Last-Event-ID`` means anything).
+
+    Read from the settings, not the transport: this decides how a request's token is checked, which
+    must not wait for (or fail with) the store's connection.
+    """
+    return _config().WORKFLOW_EVENT_TRANSPORT == "durable_stream"
 
 
 def run_headers(run: WorkflowRun) -> dict[str, str]:
@@ -91,10 +95,11 @@ def run_streaming(app: App, run: WorkflowRun) -> EventStream:
         subscription = MessageGenerator.retrieve_events(event_transport(), runs.topic_name(app, run), StartAt.TAIL)
         subscription.__enter__()
     except DurableStreamError as exc:
-        runs.abandon(run, f"the event stream was unavailable: {exc}")
-        raise ServiceUnavailableError(f"the event stream is unavailable: {exc}") from exc
-    except ServiceUnavailableError as exc:  # e.g. event_stream_busy: answered 503 as it is, never dispatched
-        runs.abandon(run, f"the event stream could not be opened: {exc}")
+        logger.warning("run %s: the event stream is unavailable, the run is not started: %s", run.id, exc)
+        runs.abandon(run, STREAM_FAILED_RUN)
+        raise ServiceUnavailableError(STREAM_UNAVAILABLE) from exc
+    except ServiceUnavailableError:  # e.g. event_stream_busy: answered 503 as it is, never dispatched
+        runs.abandon(run, "the event stream could not be opened")
         raise
     try:
         runs.dispatch(run)
@@ -126,11 +131,15 @@ def reconnect(
             Both carry the run row.
         ServiceUnavailableError: (503, ``stream_unavailable``) the stream store cannot be reached.
     """
-    transport = event_transport()
     name = runs.topic_name(app, run)
-    if not transport.resumable:
-        cursor = None
     try:
+        if cursor is None and not snapshot and run.run_status.is_terminal:
+            return _only(PING, _event_of_row(run))  # what comes next is its end alone: no store needed
+        # Inside the mapping: a process's first use of the store opens its connection, which an
+        # outage at that moment fails like any later call.
+        transport = event_transport()
+        if not transport.resumable:
+            cursor = None
         if cursor is None and not snapshot:
             return _tail(app, run, transport, name, continue_on_pause=continue_on_pause)
         return _open(app, run, transport, name, cursor, continue_on_pause=continue_on_pause)
@@ -139,7 +148,8 @@ def reconnect(
     except IncompleteRunError as exc:
         raise _gone(run, "run_events_lost", EVENTS_LOST_MESSAGE) from exc
     except DurableStreamError as exc:
-        raise ServiceUnavailableError(f"the event stream is unavailable: {exc}") from exc
+        logger.warning("run %s: a reader found the event stream unavailable: %s", run.id, exc)
+        raise ServiceUnavailableError(STREAM_UNAVAILABLE) from exc
 
 
 def _open(
@@ -204,8 +214,6 @@ def _tail(
     app: App, run: WorkflowRun, transport: WorkflowEventTransport, name: str, *, continue_on_pause: bool
 ) -> EventStream:
     """What happens next in the run, from the topic's current end (Dify's start without a snapshot)."""
-    if run.run_status.is_terminal:
-        return _only(PING, _event_of_row(run))
     subscription = MessageGenerator.retrieve_events(transport, name, StartAt.TAIL)
     try:
         subscription.__enter__()
@@ -258,7 +266,10 @@ def follow(ids: RunIds, cursor: TopicCursor, *, continue_on_pause: bool) -> Even
     is the stream's last item, an ``error`` notice (410 ``resume_cursor_expired`` or 503
     ``stream_unavailable``), as it is for a failure while following.
     """
-    subscription = MessageGenerator.retrieve_events(event_transport(), ids.topic, cursor)
+    try:
+        subscription = MessageGenerator.retrieve_events(event_transport(), ids.topic, cursor)
+    except DurableStreamError as exc:
+        return _only(_unavailable_notice(ids.run_id, exc))
     try:
         subscription.__enter__()
     except CursorUnavailableError:
@@ -266,7 +277,7 @@ def follow(ids: RunIds, cursor: TopicCursor, *, continue_on_pause: bool) -> Even
         return _only(_error_notice(ids.run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410))
     except DurableStreamError as exc:
         subscription.close()
-        return _only(_error_notice(ids.run_id, "stream_unavailable", str(exc), 503))
+        return _only(_unavailable_notice(ids.run_id, exc))
     except BaseException:
         subscription.close()
         raise
@@ -316,7 +327,7 @@ def _events(
     except IncompleteRunError:
         yield _error_notice(run_id, "run_events_lost", EVENTS_LOST_MESSAGE, 410)
     except DurableStreamError as exc:
-        yield _error_notice(run_id, "stream_unavailable", str(exc), 503)
+        yield _unavailable_notice(run_id, exc)
     finally:
         metrics.STREAMS_OPEN.tally.add(transport, -1)
         watcher.unwatch(watch)
@@ -344,6 +355,11 @@ def pause_moved_past(run_id: str, payload: bytes) -> bool:
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
     return announced is not None and current is not None and announced != current
+
+
+def _unavailable_notice(run_id: str, exc: DurableStreamError) -> Notice:
+    logger.warning("run %s: the event stream failed under a reader: %s", run_id, exc)
+    return _error_notice(run_id, "stream_unavailable", STREAM_UNAVAILABLE, 503)
 
 
 def _error_notice(run_id: str, code: str, message: str, status: int) -> Notice:

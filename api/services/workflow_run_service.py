@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +20,8 @@ from api.core.durable_stream import CLOSED, DurableStreamError
 from api.core.workflow import Graph
 from api.extensions.ext_event_bus import event_transport
 from api.libs.errors import (
+    STREAM_FAILED_RUN,
+    STREAM_UNAVAILABLE,
     InvalidParamError,
     NotFoundError,
     RunWaitTimeoutError,
@@ -27,8 +30,10 @@ from api.libs.errors import (
 from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
-from . import run_recovery
+from . import run_recovery, task_queue
 from .validation import could_be_our_id, require_user
+
+logger = logging.getLogger(__name__)
 
 RESPONSE_MODES = ("blocking", "async", "streaming")
 
@@ -84,17 +89,14 @@ def dispatch(run: WorkflowRun, resume_form: Mapping[str, Any] | None = None) -> 
 
     A run that cannot be queued fails at once (and its topic ends), so no reader waits for it.
     """
-    celery_app = current_app.extensions["celery"]
-    queue = _config().CELERY_QUEUE
-    attempt = {"attempt_id": run.attempt_id}
     try:
-        if resume_form is None:
-            celery_app.send_task("workflow_based_app_execution_task", args=[run.id], kwargs=attempt, queue=queue)
-        else:
-            celery_app.send_task("resume_app_execution", args=[run.id, dict(resume_form)], kwargs=attempt, queue=queue)
+        task_queue.send_task(run, resume_form)
     except Exception as exc:  # the broker is the only thing that can fail here
+        logger.warning("run %s: could not queue its task: %s", run.id, exc)
         abandon(run, "could not dispatch the run")
-        raise ServiceUnavailableError("the task queue is unavailable", code="queue_unavailable") from exc
+        raise ServiceUnavailableError(
+            "the task queue is unavailable; try again shortly", code="queue_unavailable"
+        ) from exc
 
 
 def abandon(run: WorkflowRun, error: str) -> None:
@@ -148,16 +150,26 @@ def run_blocking(app: App, run: WorkflowRun, *, replay: bool = False) -> dict[st
             else:
                 raise RunWaitTimeoutError("the run did not finish in time; it goes on in the background")
     except DurableStreamError as exc:
+        logger.warning("run %s: a blocking request found the event stream unavailable: %s", run.id, exc)
         if not dispatched:
-            abandon(run, f"the event stream was unavailable: {exc}")
-            raise ServiceUnavailableError(f"the event stream is unavailable: {exc}") from exc
+            abandon(run, STREAM_FAILED_RUN)
+            raise ServiceUnavailableError(STREAM_UNAVAILABLE) from exc
         # The run goes on in its worker: name it, so that the client can follow it up.
         raise ServiceUnavailableError(
-            f"the event stream became unavailable while waiting for the run: {exc}",
+            "the event stream became unavailable while waiting for the run; it goes on in the background",
             details={"task_id": run.task_id, "workflow_run_id": run.id},
         ) from exc
     db.session.refresh(run)
     return blocking_response(run)
+
+
+def checked(app: App, run: WorkflowRun) -> WorkflowRun:
+    """``run`` after the checks every reader applies, as the reaper would: an expired lease or start
+    deadline ends it, a lost task message is queued again, a pending end is written. A run's truth
+    must not depend on whether a worker or a sweep happens to be alive."""
+    run_recovery.check_run(app, run)
+    db.session.commit()  # end the read transaction: what the checks changed is seen from here on
+    return run
 
 
 def blocking_response(run: WorkflowRun) -> dict[str, Any]:

@@ -78,7 +78,7 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
         GoneError: (410) see ``workflow_event_service.reconnect``.
     """
     try:
-        run = runs.get_run_by_task(app_model, task_id, user, or_run_id=True)
+        run = runs.checked(app_model, runs.get_run_by_task(app_model, task_id, user, or_run_id=True))
     except NotFoundError:
         metrics.RESUMES.tally.add(("not_found",))
         raise

@@ -38,7 +38,8 @@ class WorkflowRunDetailApi(Resource):  # type: ignore[misc]
     @validate_app_token
     def get(self, app_model: App, workflow_run_id: str) -> Any:
         user = request.args.get("user")
-        return runs.run_detail(runs.get_run(app_model, workflow_run_id, None if user is None else user))
+        run = runs.get_run(app_model, workflow_run_id, None if user is None else user)
+        return runs.run_detail(runs.checked(app_model, run))
 
 
 class WorkflowTaskStopApi(Resource):  # type: ignore[misc]

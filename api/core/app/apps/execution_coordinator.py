@@ -278,12 +278,12 @@ class AppExecutionCoordinator:
         except TopicSealedError as exc:
             self._set_state(AppExecutionState.TERMINAL)
             raise RunTakenOverError(f"run {run_id} was already ended elsewhere") from exc
-        except DeadlinePassedError as exc:
+        except DeadlinePassedError:
             # Readers could not learn of the pause, so the run must not wait for a form: it fails,
             # and the repair writes that end once the stream is back.
             logger.exception("run %s: its pause could not be written; the run fails", run_id)
             self._set_state(AppExecutionState.TERMINAL)
-            self._on_pause_lost(f"the event stream was unavailable when the run paused: {exc.__cause__}")
+            self._on_pause_lost("the event stream was unavailable when the run paused")
             return
         self._set_state(AppExecutionState.PAUSED)
 

@@ -7,8 +7,9 @@ reaper) without touching the caller's session.
 
 The columns that keep a run alive, whatever dies:
 
-- ``attempt_id`` / ``dispatched_at`` / ``attempt_started_at``: the attempt queued last, when, and
-  whether a worker claimed it. Only the first delivery of the current attempt runs; a run whose
+- ``attempt_id`` / ``dispatched_at`` / ``queued_at`` / ``attempt_started_at``: the attempt queued
+  last, when its run committed it, whether its message reached the broker, and whether a worker
+  claimed it. Only the first delivery of the current attempt runs; a run whose
   attempt was not claimed within the start deadline fails.
 - ``lease_expires_at``: renewed by the worker while its attempt runs; an expired lease fails the run.
 - ``stream_ended`` / ``stream_repair_after``: whether the topic carries the run's end; a terminal
@@ -140,8 +141,9 @@ def pause(run_id: str, state: dict[str, Any], steps: int, tokens: int = 0) -> bo
     return _execute(statement) == 1
 
 
-def resume(run_id: str) -> str | None:
-    """Move a paused run back to running with a new queued attempt; return its id, or ``None``."""
+def resume(run_id: str, submission: dict[str, Any] | None = None) -> str | None:
+    """Move a paused run back to running with a new queued attempt that ``submission`` resumes;
+    return the attempt's id, or ``None``."""
     attempt_id = new_attempt_id()
     statement = (
         update(WorkflowRun)
@@ -150,12 +152,51 @@ def resume(run_id: str) -> str | None:
             status=RUNNING,
             stop_requested=False,
             lease_expires_at=None,
+            resume_json=None if submission is None else json.dumps(submission),
             attempt_id=attempt_id,
             dispatched_at=time.time(),
+            queued_at=None,
             attempt_started_at=None,
         )
     )
     return attempt_id if _execute(statement) == 1 else None
+
+
+def mark_queued(run_id: str, attempt_id: str) -> None:
+    """Record that the attempt's task message reached the broker."""
+    _execute(
+        update(WorkflowRun)
+        .where(WorkflowRun.id == run_id, WorkflowRun.attempt_id == attempt_id)
+        .values(queued_at=time.time())
+    )
+
+
+def claim_requeue(run_id: str, attempt_id: str, grace: float) -> bool:
+    """Take the right to queue again an attempt whose message did not reach the broker within ``grace``
+    seconds of its run being committed (its API process died in between, or the broker refused it)."""
+    now = time.time()
+    statement = (
+        update(WorkflowRun)
+        .where(
+            WorkflowRun.id == run_id,
+            WorkflowRun.status == RUNNING,
+            WorkflowRun.attempt_id == attempt_id,
+            WorkflowRun.attempt_started_at.is_(None),
+            WorkflowRun.queued_at.is_(None),
+            WorkflowRun.dispatched_at < now - grace,
+        )
+        .values(queued_at=now)
+    )
+    return _execute(statement) == 1
+
+
+def release_requeue(run_id: str, attempt_id: str) -> None:
+    """A requeue whose send failed: let the next sweep try again."""
+    _execute(
+        update(WorkflowRun)
+        .where(WorkflowRun.id == run_id, WorkflowRun.attempt_id == attempt_id, WorkflowRun.attempt_started_at.is_(None))
+        .values(queued_at=None)
+    )
 
 
 def fail_if_lease_expired(run_id: str, error: str) -> bool:

@@ -22,6 +22,7 @@ from api.core.durable_stream import DurableStreamError
 from api.core.workflow import Graph, WorkflowEngine
 from api.core.workflow.engine import ResumePoint
 from api.libs import log_context
+from api.libs.errors import STREAM_FAILED_RUN
 from api.models import App, WorkflowRun
 from api.models.engine import db
 
@@ -33,6 +34,8 @@ from .topics import workflow_run_topic
 
 logger = logging.getLogger(__name__)
 
+#: What a run that failed on something other than its own nodes says (the detail is in the worker's log).
+INTERNAL_ERROR = "the run failed on an internal error"
 #: Seconds past its own retry deadline that a finisher keeps others from repairing the end it writes.
 REPAIR_MARGIN = 5.0
 
@@ -175,12 +178,13 @@ def _attempt(
         except RunTakenOverError:
             logger.warning("run %s was ended by someone else; abandoning this attempt", workflow_run_id)
             return None
-        except DurableStreamError as exc:
+        except DurableStreamError:
+            # The detail goes to the log with the run's ids; the run's error is for its users.
             logger.exception("run %s: the event stream failed", workflow_run_id)
-            error = f"the event stream was unavailable: {exc}"
-        except Exception as exc:
+            error = STREAM_FAILED_RUN
+        except Exception:
             logger.exception("run %s failed", workflow_run_id)
-            error = f"internal error: {exc}"
+            error = INTERNAL_ERROR
         if coordinator.finish(error):
             return "failed"
     outcome = engine.outcome if engine is not None else None
