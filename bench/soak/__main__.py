@@ -1,7 +1,7 @@
 """Fault harness: real gunicorn gevent servers and Celery workers, real faults, one table per scenario.
 
 Run with ``.venv/bin/python -m bench.soak`` (``make soak``); ``--scenario`` picks scenarios (default:
-all five), ``--runs`` changes the number of runs of every picked scenario, ``--quick`` runs small
+all six), ``--runs`` changes the number of runs of every picked scenario, ``--quick`` runs small
 numbers. Each table is printed as markdown as soon as its scenario ends; every figure, the settings
 and the machine go to ``bench/results/soak-<date>.json`` (``soak-<date>-quick.json`` with
 ``--quick``). The exit status is 1 when an invariant was broken (listed under each table as
@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import api_kill, celery_kill, slow_client, store_restart, storm
+from . import api_kill, celery_kill, gaps, slow_client, store_restart, storm
 from .report import Table, machine, write_results
 from .services import SHARED_POSTGRES, Services, services
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SCENARIOS = ("storm", "celery-kill", "api-kill", "store-restart", "slow-client")
+SCENARIOS = ("storm", "celery-kill", "api-kill", "store-restart", "slow-client", "gaps")
 #: Another engineer's hostile-input fuzzer; run (as ``--scenario fuzz``) only where it exists.
 FUZZ_MODULE = "bench.soak_fuzz"
 
@@ -42,6 +42,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "api-kill": api_kill.ApiKillOptions(runs=10 if quick else 60, wave=10 if quick else 20),
         "store-restart": store_restart.StoreRestartOptions(runs=4 if quick else 8),
         "slow-client": slow_client.SlowClientOptions(stall=10 if quick else 60, before=5 if quick else 20),
+        "gaps": gaps.GapsOptions(runs=3 if quick else 6),
     }
     for name, value in options.items():
         changes: dict[str, Any] = {}
@@ -67,6 +68,7 @@ def _runner(name: str, options: Any) -> Callable[[Services, pathlib.Path], Table
         "api-kill": api_kill.run,
         "store-restart": store_restart.run,
         "slow-client": slow_client.run,
+        "gaps": gaps.run,
     }
     return lambda found, directory: scenarios[name](found, directory, options)
 
