@@ -1,16 +1,17 @@
 """Celery entry point: ``celery -A api.celery_entrypoint:celery worker``.
 
-Every worker started from here also runs the reaper (see ``api.extensions.ext_reaper``) and, with
+Every worker started from here also runs the reaper (see ``api.tasks.reaper``) and, with
 ``WORKER_METRICS_BIND`` set, serves its Prometheus metrics (``api.extensions.ext_metrics``).
 """
 
 from __future__ import annotations
 
 from api.app_factory import create_app
-from api.extensions import ext_logging, ext_metrics, ext_reaper
+from api.extensions import ext_logging, ext_metrics
+from api.tasks import reaper
 
 flask_app = create_app()
 ext_logging.init_app(flask_app, flask_app.config["APP_CONFIG"])
 celery = flask_app.extensions["celery"]
-ext_reaper.init_worker(flask_app)
+reaper.init_worker(flask_app)
 ext_metrics.init_worker(flask_app.config["APP_CONFIG"])

@@ -9,7 +9,7 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
   start-up (modules, the Flask app, SQLAlchemy metadata, settings) then live in the permanent
   generation and are no longer scanned by every full collection, which a worker holding thousands of
   streams otherwise runs over hundreds of thousands of objects, stalling every stream while it does.
-- It starts the API process's reaper (``API_REAPER_INTERVAL``; ``api.extensions.ext_reaper``), so a run
+- It starts the API process's reaper (``API_REAPER_INTERVAL``; ``api.tasks.reaper``), so a run
   whose worker died ends within its lease and one sweep even with no Celery worker left and nobody
   reading it.
 - It also turns off gevent's greenlet-tree tracking (unless ``GEVENT_TRACK_GREENLET_TREE`` is set): with
@@ -46,9 +46,9 @@ def post_worker_init(worker: Any) -> None:
         import gevent
 
         gevent.config.track_greenlet_tree = False
-    from api.extensions import ext_reaper
+    from api.tasks.reaper import start_in_api_worker
 
-    reaper = ext_reaper.start_in_api_worker(worker.wsgi)
+    reaper = start_in_api_worker(worker.wsgi)
     if reaper is not None:
         worker.log.info("reaper: sweeping every %g s in this API worker", reaper.interval)
     gc.collect()

@@ -99,3 +99,39 @@ def test_no_module_is_over_the_size_limit() -> None:
         f"{path.relative_to(ROOT)}: {lines}" for path, lines in sizes.items() if lines > MAX_MODULE_LINES
     )
     assert too_large == [], f"split these by job (limit {MAX_MODULE_LINES} lines)"
+
+
+#: The app's layers, highest first (pyproject.toml's import-linter contract says the same): a module
+#: may import its own layer's package or a lower layer, never a higher one, lazily or not.
+LAYERS = (
+    ("api.controllers", "api.tasks"),
+    ("api.services",),
+    ("api.extensions",),
+    ("api.core",),
+    ("api.models",),
+    ("api.libs",),
+)
+
+
+def _layer_of(module: str) -> tuple[int, str] | None:
+    for rank, packages in enumerate(LAYERS):
+        for package in packages:
+            if module == package or module.startswith(package + "."):
+                return rank, package
+    return None
+
+
+def test_no_import_runs_up_a_layer() -> None:
+    imports = grimp.build_graph("api")
+    upward = []
+    for module in sorted(imports.modules):
+        layer = _layer_of(module)
+        if layer is None:
+            continue
+        for imported in sorted(imports.find_modules_directly_imported_by(module)):
+            target = _layer_of(imported)
+            if target is None:
+                continue
+            if target[0] < layer[0] or (target[0] == layer[0] and target[1] != layer[1]):
+                upward.append(f"{module} imports {imported}")
+    assert upward == [], "imports that run up a layer (or across controllers/tasks)"

@@ -3,7 +3,7 @@
 A run must always end, visibly: a terminal row *and* a ``workflow_finished`` record at the end of
 its sealed topic. The worker's attempt normally writes both; when something died on the way, the
 checks here finish the job. They run from several places — the reaper in every Celery worker and
-every API process (:mod:`api.extensions.ext_reaper`), Celery beat's reaper task, every read of a run
+every API process (:mod:`api.tasks.reaper`), Celery beat's reaper task, every read of a run
 (its detail, its events, a blocking wait), the run watcher of every API process with open event
 streams (:mod:`api.services.run_watcher`), and a task delivery that finds its attempt already
 claimed — so a run's truth does not depend on who happens to be alive; and all of them are idempotent

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from api.core.durable_stream import DurableStreamBackend, connect
+from api.core.durable_stream.testing.helpers import closing_all
 from harness.redis_server import RedisServer
-
-from .contract._base import closing_all
 
 
 @pytest.fixture

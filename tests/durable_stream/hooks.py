@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from api.core.durable_stream import DurableStreamBackend, DurableStreamSubscription
-from api.core.durable_stream._cooperative import gevent_active
+from api.core.durable_stream import DurableStreamBackend
+from api.core.durable_stream.testing.probes import WAIT_FRAMES, gevent_active, is_waiting, registered_topics
 
 if TYPE_CHECKING:
     from api.core.durable_stream.adapters.redis.driver import RedisDriver
@@ -24,12 +24,7 @@ if TYPE_CHECKING:
     from api.core.durable_stream.adapters.sqlite.feed import SqliteChangeFeed
 
 
-#: Where a subscription's thread blocks in ``receive()`` (plain threads): on its wake-up, or (Redis)
-#: in the change feed links' ``select()`` while it reads the hints itself.
-WAIT_FRAMES = frozenset({"ThreadWake.wait", "LinkReader._wait"})
-
-
-__all__ = ["WAIT_FRAMES", "gevent_active"]  # and the functions below
+__all__ = ["WAIT_FRAMES", "gevent_active", "is_waiting", "registered_topics"]  # and the functions below
 
 # -- every adapter ------------------------------------------------------------------------------
 
@@ -49,21 +44,11 @@ def change_feed(backend: DurableStreamBackend) -> Any:
     return backend._engine.notifier._feed
 
 
-def registered_topics(backend: DurableStreamBackend) -> dict[str, Any]:
-    """Topics with at least one registered waiting subscription (wake-up registrations)."""
-    return dict(backend._engine.notifier._waiters)
-
-
 def subscription_transitions() -> Any:
     """The lock every subscription's enter and close take (held across a fork in a test)."""
     from api.core.durable_stream import _subscription
 
     return _subscription._TRANSITIONS
-
-
-def is_waiting(subscription: DurableStreamSubscription) -> bool:
-    """Under gevent: whether a greenlet waits on the subscription's wake-up."""
-    return bool(subscription._wake._waiters)  # type: ignore[attr-defined]
 
 
 # -- SQLite -------------------------------------------------------------------------------------

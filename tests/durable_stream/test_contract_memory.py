@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.core.durable_stream import DurableStreamBackend, connect
-
-from .contract import DurableStreamContract
+from api.core.durable_stream.testing import DurableStreamContract
 
 
 class TestMemoryContract(DurableStreamContract):

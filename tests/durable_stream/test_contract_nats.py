@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 
 from api.core.durable_stream import DurableStreamBackend, connect
+from api.core.durable_stream.testing import DurableStreamContract
 from harness.nats_server import NatsServer
-
-from .contract import DurableStreamContract
 
 _STREAM_OPTIONS = ("max_records", "max_age_seconds", "replicas", "storage")
 

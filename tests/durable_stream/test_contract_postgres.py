@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from api.core.durable_stream import DurableStreamBackend, connect
+from api.core.durable_stream.testing import DurableStreamContract
 from harness.services import POSTGRES_URL
-
-from .contract import DurableStreamContract
 
 SHARED_URL = POSTGRES_URL
 

@@ -10,9 +10,8 @@ import uuid
 from typing import Any
 
 from api.core.durable_stream import DurableStreamBackend, connect
+from api.core.durable_stream.testing import DurableStreamContract
 from harness.services import redis_url
-
-from .contract import DurableStreamContract
 
 REDIS_URL = redis_url(0)
 KEY_PREFIX = f"dstest-{uuid.uuid4().hex[:12]}:"

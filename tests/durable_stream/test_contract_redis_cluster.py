@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from api.core.durable_stream import DurableStreamBackend, connect
+from api.core.durable_stream.testing import DurableStreamContract
 from harness.redis_server import RedisClusterProcess, redis_available
-
-from .contract import DurableStreamContract
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server and redis-cli are needed")
 

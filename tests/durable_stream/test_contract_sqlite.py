@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from api.core.durable_stream import DurableStreamBackend, connect
-
-from .contract import DurableStreamContract
+from api.core.durable_stream.testing import DurableStreamContract
 
 
 class TestSqliteContract(DurableStreamContract):

@@ -12,10 +12,9 @@ import time
 
 import pytest
 
+from api.core.durable_stream.testing.helpers import blocked_in_wait
 from harness.processes import run_script
 from harness.waiting import wait_until
-
-from .contract._base import blocked_in_wait
 
 SCENARIOS = textwrap.dedent(
     """

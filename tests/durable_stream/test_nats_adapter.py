@@ -25,12 +25,11 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     connect,
 )
+from api.core.durable_stream.testing.helpers import closing_all, drain, expect_cursor_unavailable
 from harness.nats_server import NatsServer
 from harness.redis_server import free_port
 from harness.waiting import wait_until
 from tests.durable_stream import hooks
-
-from .contract._base import closing_all, drain, expect_cursor_unavailable
 
 SHARED_URL = ""  # every test here opens backends on its module's private server
 

@@ -24,12 +24,12 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     connect,
 )
+from api.core.durable_stream.testing import DurableStreamContract
+from api.core.durable_stream.testing.helpers import drain_until_closed
 from harness.nats_server import NatsCluster
 from harness.waiting import wait_until
 from tests.durable_stream import hooks
 
-from .contract import DurableStreamContract
-from .contract._base import drain_until_closed
 from .test_contract_nats import stream_options
 
 

@@ -26,11 +26,10 @@ import pytest
 from api.core.durable_stream import CLOSED, DurableStreamUnavailableError, connect
 from api.core.durable_stream.adapters.nats.publisher import UNSENT, DirectPublisher, ProtocolError
 from api.core.durable_stream.adapters.nats.settings import NatsSettings
+from api.core.durable_stream.testing.helpers import drain
 from harness.nats_server import NatsServer
 from harness.redis_server import free_port
 from harness.waiting import wait_until
-
-from .contract._base import drain
 
 
 @pytest.fixture

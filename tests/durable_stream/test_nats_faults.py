@@ -20,10 +20,9 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     connect,
 )
+from api.core.durable_stream.testing.helpers import drain, waiting_in_receive
 from harness.nats_server import NatsServer
 from harness.waiting import wait_until
-
-from .contract._base import drain, waiting_in_receive
 
 
 @pytest.fixture

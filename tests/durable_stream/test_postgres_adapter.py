@@ -29,10 +29,10 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     connect,
 )
+from api.core.durable_stream.testing.helpers import drain
 from harness.services import POSTGRES_DSN
 from harness.waiting import wait_until
 from tests.durable_stream import hooks
-from tests.durable_stream.contract._base import drain
 
 SHARED_URL = POSTGRES_DSN
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -29,10 +29,10 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     connect,
 )
+from api.core.durable_stream.testing.helpers import blocked_in_wait
 from harness.postgres_server import PostgresServer, postgres_available
 from harness.waiting import wait_until
 from tests.durable_stream import hooks
-from tests.durable_stream.contract._base import blocked_in_wait
 
 pytestmark = pytest.mark.skipif(not postgres_available(), reason="PostgreSQL server binaries are not installed")
 

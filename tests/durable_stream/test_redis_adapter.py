@@ -39,10 +39,15 @@ from tests.durable_stream import hooks
 if TYPE_CHECKING:
     from api.core.durable_stream.adapters.redis.feed import RedisChangeFeed
 
+from api.core.durable_stream.testing.helpers import (
+    blocked_in_wait,
+    drain,
+    drain_until_closed,
+    payloads,
+    waiting_in_receive,
+)
 from harness.services import REDIS_PORT, redis_url
 from harness.waiting import wait_until
-
-from .contract._base import blocked_in_wait, drain, drain_until_closed, payloads, waiting_in_receive
 
 SHARED_URL = redis_url(0)
 KEY_PREFIX = f"dstest-{uuid.uuid4().hex[:12]}:"

@@ -17,11 +17,10 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     connect,
 )
+from api.core.durable_stream.testing.helpers import drain, payloads, waiting_in_receive
 from harness.redis_server import RedisClusterProcess, RedisServer, redis_available
 from harness.waiting import wait_until
 from tests.durable_stream import hooks
-
-from .contract._base import drain, payloads, waiting_in_receive
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server and redis-cli are needed")
 

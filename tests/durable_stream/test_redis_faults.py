@@ -21,11 +21,10 @@ from api.core.durable_stream import (
     TopicSealedError,
     connect,
 )
+from api.core.durable_stream.testing.helpers import blocked_in_wait, drain, drain_until_closed
 from harness.redis_server import RedisServer, free_port, redis_available
 from harness.waiting import wait_until
 from tests.durable_stream import hooks
-
-from .contract._base import blocked_in_wait, drain, drain_until_closed
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is needed")
 

@@ -1,8 +1,5 @@
-"""Fixtures and helpers shared by every capability of the contract suite.
-
-An adapter's test module subclasses :class:`~tests.durable_stream.contract.DurableStreamContract`
-once and implements :meth:`ContractBase.make_backend`; nothing here is collected by itself.
-"""
+"""Helpers of the contract suite, also for an adapter's own tests: draining subscriptions on a
+deadline, telling whether a reader is blocked in ``receive()``, waiting for a condition."""
 
 from __future__ import annotations
 
@@ -10,9 +7,8 @@ import contextlib
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -25,40 +21,20 @@ from api.core.durable_stream import (
     DurableStreamTopic,
     TopicCursor,
 )
-from tests.durable_stream import hooks
+
+from . import probes
+
+T = TypeVar("T")
 
 
-class ContractBase:
-    """The factory hooks an adapter provides, and the helpers every capability uses."""
-
-    #: Whether the store lives inside the test process (the memory adapter): tests that measure
-    #: this process's memory while records pile up in the store do not apply.
-    store_in_process: ClassVar[bool] = False
-
-    def make_backend(self, **options: Any) -> DurableStreamBackend:
-        """Open a new backend object on this adapter's store (each call a new connection)."""
-        raise NotImplementedError
-
-    def backend_url(self, **options: Any) -> str | None:
-        """A URL another process can pass to ``connect()`` to reach the same store, if any."""
-        return None
-
-    @pytest.fixture
-    def open_backend(self) -> Iterator[Callable[..., DurableStreamBackend]]:
-        with closing_all(self.make_backend) as open_:
-            yield open_
-
-    @pytest.fixture
-    def backend(self, open_backend: Callable[..., DurableStreamBackend]) -> DurableStreamBackend:
-        return open_backend()
-
-    @pytest.fixture
-    def topic_name(self) -> str:
-        return f"contract-{uuid.uuid4().hex}"
-
-    @pytest.fixture
-    def topic(self, backend: DurableStreamBackend, topic_name: str) -> DurableStreamTopic:
-        return backend.topic(topic_name)
+def wait_until(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+    """``check()``'s first truthy answer, asked every ``interval`` seconds; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (answer := check()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+    return answer
 
 
 def payloads(count: int, prefix: str = "r") -> list[bytes]:
@@ -118,13 +94,13 @@ def closing_all(open_one: Callable[..., DurableStreamBackend]) -> Iterator[Calla
 def blocked_in_wait(thread: threading.Thread) -> bool:
     """Whether ``thread`` is blocked waiting in a subscription's ``receive()`` (plain threads, not gevent)."""
     frame = sys._current_frames().get(thread.ident or 0)
-    return thread.is_alive() and frame is not None and frame.f_code.co_qualname in hooks.WAIT_FRAMES
+    return thread.is_alive() and frame is not None and frame.f_code.co_qualname in probes.WAIT_FRAMES
 
 
 def waiting_in_receive(subscription: DurableStreamSubscription, thread: threading.Thread) -> bool:
     """Whether ``thread`` (a greenlet under gevent) is blocked in ``subscription.receive()``."""
-    if hooks.gevent_active():
-        return hooks.is_waiting(subscription)
+    if probes.gevent_active():
+        return probes.is_waiting(subscription)
     return blocked_in_wait(thread)
 
 

@@ -14,10 +14,10 @@ from api.core.durable_stream import (
     DurableStreamTopic,
     DurableStreamUnavailableError,
 )
-from harness.waiting import wait_until
 
-from .. import hooks
-from ._base import ContractBase, drain, expect_cursor_unavailable, waiting_in_receive
+from . import probes
+from .base import ContractBase
+from .helpers import drain, expect_cursor_unavailable, wait_until, waiting_in_receive
 
 
 class CloseAndThreadsContract(ContractBase):
@@ -77,7 +77,7 @@ class CloseAndThreadsContract(ContractBase):
         with pytest.raises(DurableStreamUnavailableError):
             stale.__enter__()
         assert stale.receive(timeout=0) is CLOSED
-        assert not hooks.registered_topics(backend), "a failed __enter__ left a registration behind"
+        assert not probes.registered_topics(backend), "a failed __enter__ left a registration behind"
 
     def test_closing_one_subscription_does_not_disturb_another(self, topic: DurableStreamTopic) -> None:
         kept, closed = topic.subscribe_from_tail(), topic.subscribe_from_tail()

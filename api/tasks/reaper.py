@@ -20,6 +20,10 @@ import time
 from flask import Flask
 
 from api.configs import AppConfig
+from api.models.engine import db
+from api.services import human_input_service, idempotency
+from api.services.retention import enforce_retention
+from api.services.run_recovery import reap
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +69,6 @@ class Reaper:
                     self._enforce_retention()
 
     def _sweep(self) -> None:
-        from api.models.engine import db
-        from api.services.run_recovery import reap
 
         try:
             report = reap()
@@ -79,9 +81,6 @@ class Reaper:
         self._sweep_forms_and_keys()
 
     def _sweep_forms_and_keys(self) -> None:
-        from api.models.engine import db
-        from api.services import human_input_service, idempotency
-
         try:
             expired = human_input_service.expire_overdue()
             if expired:
@@ -93,8 +92,6 @@ class Reaper:
             db.session.remove()
 
     def _enforce_retention(self) -> None:
-        from api.services.retention import enforce_retention
-
         try:
             enforce_retention()
         except Exception:

@@ -8,7 +8,8 @@ import pytest
 
 from api.core.durable_stream import DurableStreamBackend, DurableStreamTopic
 
-from ._base import ContractBase, append_all, assert_idle, drain, payloads
+from .base import ContractBase
+from .helpers import append_all, assert_idle, drain, payloads
 
 
 class CursorResumeContract(ContractBase):

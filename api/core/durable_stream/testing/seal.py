@@ -15,9 +15,9 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
     TopicSealedError,
 )
-from harness.waiting import wait_until
 
-from ._base import ContractBase, append_all, drain, drain_until_closed, payloads
+from .base import ContractBase
+from .helpers import append_all, drain, drain_until_closed, payloads, wait_until
 
 
 class SealContract(ContractBase):

@@ -1,10 +1,11 @@
-"""The shared contract suite every durable-stream adapter must pass.
+"""The shared contract suite every durable-stream adapter must pass, ours and anyone else's.
 
 One base class per capability; :class:`DurableStreamContract` combines them. An adapter's test
 module subclasses it once (``class TestSqliteContract(DurableStreamContract)``) and implements
 ``make_backend(**options)`` (and ``backend_url(**options)`` where another process can reach the
-same store). Nothing in this package is collected by itself: its classes do not start with
-``Test``.
+same store); an adapter written outside this repository does the same (``docs/contract.md``, "An
+adapter of your own"). Nothing in this package is collected by itself: its classes do not start
+with ``Test``, and it needs pytest and hypothesis, which only tests import.
 """
 
 from __future__ import annotations

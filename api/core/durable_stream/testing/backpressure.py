@@ -13,7 +13,8 @@ import pytest
 
 from api.core.durable_stream import DurableStreamBackend, DurableStreamTopic
 
-from ._base import ContractBase, drain
+from .base import ContractBase
+from .helpers import drain
 
 # Fewer, larger records than a workflow's events: appending costs per record (a round trip, a
 # transaction), while what a subscriber would buffer grows with the bytes.

@@ -8,9 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from api.core.durable_stream import CLOSED, CursorUnavailableError, DurableStreamBackend, DurableStreamTopic
-from harness.waiting import wait_until
 
-from ._base import ContractBase, append_all, drain, expect_cursor_unavailable, payloads
+from .base import ContractBase
+from .helpers import append_all, drain, expect_cursor_unavailable, payloads, wait_until
 
 
 class RetentionContract(ContractBase):

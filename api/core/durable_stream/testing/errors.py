@@ -13,7 +13,8 @@ from api.core.durable_stream import (
     DurableStreamUnavailableError,
 )
 
-from ._base import ContractBase, append_all, drain, expect_cursor_unavailable, payloads
+from .base import ContractBase
+from .helpers import append_all, drain, expect_cursor_unavailable, payloads
 
 
 class ErrorMappingContract(ContractBase):

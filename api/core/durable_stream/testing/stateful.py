@@ -26,7 +26,7 @@ from api.core.durable_stream import (
     TopicSealedError,
 )
 
-from ._base import ContractBase
+from .base import ContractBase
 
 #: Seconds within which a record, the end or a gap that is due must reach a subscription.
 DUE_WITHIN = 5.0

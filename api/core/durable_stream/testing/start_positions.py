@@ -6,9 +6,9 @@ import threading
 import time
 
 from api.core.durable_stream import DurableStreamBackend, DurableStreamTopic
-from harness.waiting import wait_until
 
-from ._base import ContractBase, append_all, assert_idle, drain, payloads
+from .base import ContractBase
+from .helpers import append_all, assert_idle, drain, payloads, wait_until
 
 
 class StartPositionContract(ContractBase):
@@ -84,7 +84,11 @@ class StartPositionContract(ContractBase):
                 done_before = completed
                 subscription = topic.subscribe_from_tail()
                 started_after = started
-                wait_until(lambda s=started_after: completed >= s + 2, timeout=10.0, what="appends after the boundary")
+                wait_until(
+                    lambda: completed >= started_after + 2,  # noqa: B023  (waited for before the loop goes on)
+                    timeout=10.0,
+                    what="appends after the boundary",
+                )
                 with subscription:
                     numbers = [int(r.payload) for r in drain(subscription, 3)]
                 assert numbers[0] > done_before, "a record completed before the boundary was replayed"
