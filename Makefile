@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml sdk/python/pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet -e sdk/python
+	@# The repository's commit-msg hook (subjects of at most 72 characters), where this is a git checkout.
+	-git rev-parse --git-dir >/dev/null 2>&1 && git config core.hooksPath tools/git-hooks
 	touch $(STAMP)
 
 # Debian's chromium for the browser tests (tests/browser), which Playwright drives by its path:
