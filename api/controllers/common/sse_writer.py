@@ -51,12 +51,13 @@ from api.core.app.apps.message_generator import (
     StreamItem,
     terminal_events,
 )
+from api.core.app.apps.read_loop import Next, ReadLoop
 from api.core.durable_stream import CLOSED, TopicCursor
 from api.extensions.ext_event_bus import event_transport
 from api.libs import log_context, metrics
 from api.libs.resume_token import StreamSealer
 from api.services.run_watcher import StreamWatch, run_watcher
-from api.services.workflow_event_service import COALESCE, EventStream, RunIds, follow
+from api.services.workflow_event_service import COALESCE, EventStream, RunIds, follow, pause_moved_past
 
 logger = logging.getLogger(__name__)
 
@@ -261,13 +262,19 @@ class TopicWriter:
                 batch.append(following)
             framed = [self._framed(message) for message in batch]
             stale_pause = False
-            if not closed and len(batch) == COALESCE and framed[-1].name == PAUSED:
-                # As for a client reading alone: a pause already followed by the resumed run's events ends nobody.
-                following = subscription.receive(timeout=0)
-                if following is CLOSED:
-                    closed = True
-                elif following is not None:
-                    pending, stale_pause = following, True
+            if framed[-1].name == PAUSED:
+                # The rules of a client reading alone (ReadLoop): a pause the run has already left ends nobody.
+                ready = False
+                if not closed and len(batch) == COALESCE:  # else the batch ended because nothing was ready
+                    following = subscription.receive(timeout=0)
+                    if following is CLOSED:
+                        closed = True
+                    elif following is not None:
+                        pending, ready = following, True
+                step = ReadLoop.looked_ahead(ready=ready, closed=closed)
+                if step is Next.ASK_ROW:
+                    step = ReadLoop.row_says(moved_past=pause_moved_past(self._ids.run_id, batch[-1].payload))
+                stale_pause = step is Next.GO_ON
             self._last_event = self._last_write = clock()
             self._stale_pause = stale_pause
             delivery = _Delivery(framed, pause_ends=not stale_pause)

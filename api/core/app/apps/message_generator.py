@@ -25,6 +25,22 @@ from api.core.durable_stream import CLOSED, Closed, TopicCursor
 
 from .event_codec import encode_event, event_name
 from .event_transport import EventSubscription, StreamMessage, WorkflowEventTransport
+from .read_loop import Idle, IncompleteRunError, Next, ReadLoop
+
+__all__ = [
+    "DEFAULT_TERMINAL_EVENTS",
+    "PING",
+    "EventBatch",
+    "IncompleteRunError",
+    "MessageGenerator",
+    "Notice",
+    "Ping",
+    "StartAt",
+    "StreamEvent",
+    "StreamItem",
+    "stream_topic_events",
+    "terminal_events",
+]
 
 DEFAULT_TERMINAL_EVENTS = frozenset({"workflow_finished", "workflow_paused"})
 
@@ -101,10 +117,6 @@ def terminal_events(continue_on_pause: bool) -> frozenset[str]:
     return frozenset({"workflow_finished"}) if continue_on_pause else DEFAULT_TERMINAL_EVENTS
 
 
-class IncompleteRunError(Exception):
-    """The retained events do not begin where the run began: its start is no longer retained."""
-
-
 def stream_topic_events(
     subscription: EventSubscription,
     *,
@@ -119,7 +131,7 @@ def stream_topic_events(
 ) -> Iterator[Ping | StreamEvent | EventBatch]:
     """Yield a ping at once, then events; ping after ``ping_interval`` without anything sent; stop at
     a terminal event, the sealed end, or after ``idle_timeout`` without events. The subscription
-    must already be entered.
+    must already be entered. The rules are :class:`~.read_loop.ReadLoop`'s; this drives it.
 
     While nothing arrives the reader blocks in ``receive`` until the next ping is due: no timer
     per stream fires in between. Whoever watches the run from outside (a per-process watcher)
@@ -133,17 +145,17 @@ def stream_topic_events(
     With ``coalesce`` > 1, the records that are ready when one arrives (up to that many in all) are
     yielded together, as an :class:`EventBatch` (a lone event is yielded as itself).
 
-    A ``workflow_paused`` that the topic already shows followed by more events is stale and ends
-    nothing. One with nothing after it yet is asked about: ``pause_moved_past(payload)`` says from
-    outside (the run's row) whether the run has left that pause already, its resumed events not yet
-    written — then the stream goes on too.
+    A pause followed by nothing yet is asked about: ``pause_moved_past(payload)`` says from outside
+    (the run's row) whether the run has left it already; without it, such a pause ends the stream.
 
     Raises:
         IncompleteRunError: The first record is not ``first_event``.
     """
     yield PING
     clock = time.monotonic
-    last_event = last_sent = clock()
+    rules = ReadLoop(
+        terminal=terminal, now=clock(), ping_interval=ping_interval, idle_timeout=idle_timeout, first_event=first_event
+    )
     pending: StreamMessage | None = first
     first = None
     batch: list[StreamEvent] = []
@@ -166,8 +178,7 @@ def stream_topic_events(
         else:
             # While it waits (minutes, for a paused run), the frame holds no delivered record.
             item = event = None
-            due = min(last_sent + ping_interval, last_event + idle_timeout)
-            item = subscription.receive(timeout=max(due - clock(), 0.0))
+            item = subscription.receive(timeout=rules.wait(clock()))
         if item is CLOSED:
             if batch:
                 yield _batched(batch)
@@ -176,43 +187,32 @@ def stream_topic_events(
                 yield StreamEvent(str(final["event"]), encode_event(final), None)
             return
         if item is None:
-            now = clock()
-            if now - last_event >= idle_timeout:
+            idle = rules.nothing(clock())
+            if idle is Idle.END:
                 return
-            if now - last_sent >= ping_interval:
-                last_sent = now
+            if idle is Idle.PING:
                 yield PING
             continue
         name = event_name(item.payload)
-        if first_event is not None:
-            if name != first_event:
-                raise IncompleteRunError(f"the retained events begin with {name!r}, not {first_event!r}")
-            first_event = None
+        step = rules.event(name, clock())
         event = StreamEvent(name or "", item.payload, item.cursor, item.stored)
-        last_event = last_sent = clock()
-        if name in terminal:
-            if name == "workflow_paused":
-                # A pause replayed from history may already be followed by the resumed run's events:
-                # a stale pause must not end the stream (that is how reconnect loops start).
-                try:
-                    following = subscription.receive(timeout=0)
-                except BaseException:
-                    if batch:
-                        yield _batched(batch)
-                    raise
-                if isinstance(following, StreamMessage):
-                    pending = following
-                    terminal_now = False
-                elif following is None and pause_moved_past is not None and pause_moved_past(item.payload):
-                    terminal_now = False
-                else:
-                    terminal_now = True
-            else:
-                terminal_now = True
-            if terminal_now:
-                batch.append(event)
-                yield _batched(batch)
-                return
+        if step is Next.LOOK_AHEAD:
+            try:
+                following = subscription.receive(timeout=0)
+            except BaseException:
+                if batch:
+                    yield _batched(batch)
+                raise
+            if isinstance(following, StreamMessage):
+                pending = following
+            step = rules.looked_ahead(ready=pending is not None, closed=following is CLOSED)
+            if step is Next.ASK_ROW:
+                moved_past = pause_moved_past is not None and pause_moved_past(item.payload)
+                step = rules.row_says(moved_past=moved_past)
+        if step is Next.END:
+            batch.append(event)
+            yield _batched(batch)
+            return
         if coalesce > 1:
             batch.append(event)
         else:
