@@ -34,8 +34,10 @@ def create_app(config: AppConfig | None = None) -> Flask:
     ext_celery.init_app(app, config)
 
     from api.libs import request_limits
+    from api.services.delivery.runtime import init_app as init_delivery
 
     request_limits.init_app(app, config)
+    init_delivery(app, config)  # the process's run watcher and shared writers, built once
 
     import api.tasks  # noqa: F401  (registers the Celery tasks)
     from api.controllers.browser import bp as browser_bp

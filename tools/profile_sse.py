@@ -9,7 +9,7 @@ For each client count a fresh child process (monkey-patched by gevent, like a gu
 worker) builds the app on the shared Redis (streams, under a key prefix of its own) and an SQLite
 app database, creates ``--runs`` running runs with a live lease and their ``workflow_started``,
 and opens N streams spread over them, each the real response of a reconnect
-(``event_stream_response`` of ``workflow_event_service.reconnect``) iterated as a WSGI server
+(``event_stream_response`` of ``delivery.reconnect``) iterated as a WSGI server
 would, every chunk written to ``/dev/null`` (one system call per chunk, as a socket send is).
 Then it measures:
 
@@ -109,7 +109,7 @@ def measure(
     from api.models import WorkflowRun
     from api.models.engine import db
     from api.services import app_service, run_recovery
-    from api.services import workflow_event_service as event_streams
+    from api.services import delivery as event_streams
     from api.services import workflow_run_service as run_service
     from harness.app_env import base_env
     from harness.processes import ROOT

@@ -5,7 +5,7 @@ its sealed topic. The worker's attempt normally writes both; when something died
 checks here finish the job. They run from several places — the reaper in every Celery worker and
 every API process (:mod:`api.tasks.reaper`), Celery beat's reaper task, every read of a run
 (its detail, its events, a blocking wait), the run watcher of every API process with open event
-streams (:mod:`api.services.run_watcher`), and a task delivery that finds its attempt already
+streams (:mod:`api.services.delivery.watcher`), and a task delivery that finds its attempt already
 claimed — so a run's truth does not depend on who happens to be alive; and all of them are idempotent
 and safe to run concurrently: each row change is a conditional update that one caller wins, and a
 topic's end is written by :func:`~api.core.app.apps.run_end.write_end`, which is safe to repeat.

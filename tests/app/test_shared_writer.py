@@ -20,18 +20,19 @@ import pytest
 import requests
 from flask import Flask
 
-from api.controllers.common.sse_endings import BATCH, PATIENCE
-from api.controllers.common.sse_writer import (
+from api.core.app.apps.event_codec import unstamped
+from api.core.app.apps.topics import workflow_run_topic
+from api.core.durable_stream import CLOSED, connect
+from api.gunicorn_conf import pause_logger
+from api.services.delivery.endings import BATCH, PATIENCE
+from api.services.delivery.watcher import RunWatcher
+from api.services.delivery.writer import (
     ENDED,
     Follower,
     Outcome,
     SharedWriters,
     writable_socket,
 )
-from api.core.app.apps.event_codec import unstamped
-from api.core.app.apps.topics import workflow_run_topic
-from api.core.durable_stream import CLOSED, connect
-from api.gunicorn_conf import pause_logger
 from harness.app_env import base_env
 from harness.redis_server import RedisServer, free_port
 from harness.served_stack import ServedStack
@@ -318,7 +319,9 @@ def test_only_a_gunicorn_gevent_socket_in_the_clear_is_written_by_a_writer() -> 
 
 def test_ended_responses_close_in_batches_after_the_events_due() -> None:
     """A run's end ends all its clients at once; their closes must not hold up other runs' events."""
-    writers = SharedWriters(Flask(__name__), ping_interval=10, idle_timeout=600)
+    writers = SharedWriters(
+        Flask(__name__), RunWatcher(Flask(__name__), interval=1, grace=1), ping_interval=10, idle_timeout=600
+    )
     clients = [Follower(None, chunked=True, continue_on_pause=True) for _ in range(2 * BATCH + 1)]
     order: list[Any] = []
     loop = gevent.get_hub().loop
@@ -342,7 +345,9 @@ def test_ended_responses_close_in_batches_after_the_events_due() -> None:
 
 
 def test_a_worker_that_is_never_idle_still_ends_responses() -> None:
-    writers = SharedWriters(Flask(__name__), ping_interval=10, idle_timeout=600)
+    writers = SharedWriters(
+        Flask(__name__), RunWatcher(Flask(__name__), interval=1, grace=1), ping_interval=10, idle_timeout=600
+    )
     client = Follower(None, chunked=True, continue_on_pause=True)
     ended: list[float] = []
     busy_until = time.monotonic() + 2.0

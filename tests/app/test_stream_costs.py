@@ -20,8 +20,8 @@ from api.core.durable_stream import CLOSED, Closed, TopicCursor
 from api.extensions.ext_durable_stream import durable_stream
 from api.models import App, WorkflowRun
 from api.models.engine import db
+from api.services.delivery.watcher import run_watcher
 from api.services.run_recovery import started_event_of
-from api.services.run_watcher import run_watcher
 from harness.sse import parse_sse
 from tests.app.conftest import AppHarness
 from tests.app.test_events_sse import events_of, reconnect, stream

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 
-from api.core.app.apps.event_codec import stamp_of
 from api.core.app.apps.message_generator import EventBatch, Ping, StreamEvent, StreamItem
 from api.core.durable_stream import TopicCursor
 from api.libs import metrics
+from api.libs.resume_token import StreamSealer
+from api.services.delivery.framing import observe_lag
 
 PING = b"event: ping\n\n"
 
@@ -67,14 +68,6 @@ def sse_chunk(item: StreamItem, resume_token: Callable[[TopicCursor], bytes]) ->
     return sse_message(item.payload, event=item.event)  # a Notice
 
 
-def observe_lag(event: StreamEvent) -> None:
-    """One delivery-lag sample from ``event``'s envelope (call only when metrics are on)."""
-    assert event.stored is not None
-    stamp = stamp_of(event.stored)
-    if stamp is not None:
-        metrics.observe_lag("broadcast_channel" if event.cursor is None else "durable_stream", stamp)
-
-
 def event_message(event: StreamEvent, resume_token: Callable[[TopicCursor], bytes]) -> bytes:
     """One event of the run as an SSE message: its cursor sealed into ``id:``, its payload as stored."""
     cursor, payload = event.cursor, event.payload
@@ -83,3 +76,25 @@ def event_message(event: StreamEvent, resume_token: Callable[[TopicCursor], byte
     if b"\n" in payload:
         return sse_message(payload, event_id=resume_token(cursor))
     return b"id: %b\ndata: %b\n\n" % (resume_token(cursor), payload)
+
+
+class SseFramer:
+    """The SSE bytes of one response's items, its events' cursors sealed by ``sealer`` (a
+    :class:`~api.services.delivery.Framer` for the shared writer)."""
+
+    __slots__ = ("_seal", "binding")
+
+    ping = PING
+
+    def __init__(self, sealer: StreamSealer) -> None:
+        self._seal = sealer.seal_bytes
+        self.binding = sealer.binding
+
+    def event(self, event: StreamEvent) -> bytes:
+        return event_message(event, self._seal)
+
+    def item(self, item: StreamItem) -> bytes:
+        return sse_chunk(item, self._seal)
+
+    def message(self, payload: bytes) -> bytes:
+        return sse_message(payload)

@@ -13,8 +13,7 @@ from typing import Any
 
 from flask import Flask, Response, current_app, request
 
-from api.controllers.common import sse_writer
-from api.controllers.common.sse import SSE_HEADERS, sse_messages
+from api.controllers.common.sse import SSE_HEADERS, SseFramer, sse_messages
 from api.core.durable_stream import TopicCursor
 from api.extensions.ext_resume_token import resume_token_codec
 from api.libs import log_context, metrics
@@ -22,11 +21,11 @@ from api.libs.errors import GoneError, InvalidParamError, NotFoundError, Service
 from api.libs.resume_token import InvalidResumeTokenError
 from api.models import App, WorkflowRun
 from api.models.engine import db
+from api.services import delivery as event_streams
 from api.services import idempotency
-from api.services import workflow_event_service as event_streams
 from api.services import workflow_run_service as runs
+from api.services.delivery import EventStream
 from api.services.run_recovery import run_log_fields
-from api.services.workflow_event_service import EventStream
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
         NotFoundError: (404) no such run of this app and user.
         InvalidParamError: (400, ``invalid_resume_token``) the token is malformed, forged, made with an
             unknown key, or belongs to another run or user.
-        GoneError: (410) see ``workflow_event_service.reconnect``.
+        GoneError: (410) see ``delivery.reconnect``.
     """
     try:
         run = runs.checked(app_model, runs.get_run_by_task(app_model, task_id, user, or_run_id=True))
@@ -155,7 +154,7 @@ def event_stream_response(
 
     The request's database work ends here: the stream may stay open for hours, and must hold
     neither a pooled connection nor the rows the request loaded. Where it can, the response joins
-    the run's shared writer once it is level with it (``sse_writer``).
+    the run's shared writer once it is level with it (``delivery.writer``).
     """
     # Bound once per response: the associated data and the AEAD object are reused for every event.
     ids = event_streams.RunIds.of(app_model, run)
@@ -163,15 +162,15 @@ def event_stream_response(
     db.session.close()
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]  # the app, not its proxy
     config = app.config["APP_CONFIG"]
-    socket = sse_writer.writable_socket(request.environ) if config.SSE_SHARED_WRITER else None
+    socket = event_streams.writable_socket(request.environ) if config.SSE_SHARED_WRITER else None
     if socket is not None and event_streams.resumable():
-        body = sse_writer.shared_body(
+        body = event_streams.shared_body(
             events,
-            writers=sse_writer.shared_writers(app),
+            writers=event_streams.current_runtime().writers,
             socket=socket,
             chunked=request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0",
             ids=ids,
-            sealer=sealer,
+            framer=SseFramer(sealer),
             continue_on_pause=continue_on_pause,
         )
     else:

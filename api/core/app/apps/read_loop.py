@@ -1,7 +1,7 @@
 """The rules of one event-stream reader, as a small state machine with no I/O: items in, decisions out.
 
 Both readers of a run's events drive it — a client reading alone (``message_generator.
-stream_topic_events``) and the shared writer of a run (``controllers.common.sse_writer``) — so the
+stream_topic_events``) and the shared writer of a run (``api.services.delivery.writer``) — so the
 rules below are written once and unit-tested event by event (``tests/app/test_read_loop.py``):
 
 - **Pings and idleness.** A ping is due ``ping_interval`` after the last thing sent; the stream ends

@@ -30,21 +30,18 @@ from typing import Any
 from flask import Flask, current_app
 from sqlalchemy import select
 
-from api.configs import AppConfig
 from api.core.app.apps.event_transport import EventSubscription
 from api.models import App, WorkflowRun
 from api.models.engine import db
 
-from . import run_recovery
+from .. import run_recovery
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["RunWatcher", "StreamWatch", "run_watcher"]
 
-EXTENSION_KEY = "run_watcher"
 #: Runs one query reads.
 _CHUNK = 500
-_CREATE = threading.Lock()
 
 
 class StreamWatch:
@@ -160,16 +157,11 @@ class RunWatcher:
                 watch.end(final)
 
 
+#: Where the process's :class:`~.runtime.DeliveryRuntime` puts its watcher in ``app.extensions``.
+EXTENSION_KEY = "delivery.watcher"
+
+
 def run_watcher() -> RunWatcher:
-    """The watcher of the current app, made on first use."""
-    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
-    watcher: RunWatcher | None = app.extensions.get(EXTENSION_KEY)
-    if watcher is None:
-        with _CREATE:
-            watcher = app.extensions.get(EXTENSION_KEY)
-            if watcher is None:
-                config: AppConfig = app.config["APP_CONFIG"]
-                interval = max(0.5, config.WORKFLOW_LEASE_TTL / 3)
-                watcher = RunWatcher(app, interval=interval, grace=config.WORKFLOW_END_RETRY_DEADLINE + interval)
-                app.extensions[EXTENSION_KEY] = watcher
+    """The watcher of the current app's process (built with its delivery runtime)."""
+    watcher: RunWatcher = current_app.extensions[EXTENSION_KEY]
     return watcher

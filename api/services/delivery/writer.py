@@ -9,7 +9,7 @@ one subscription of the topic in this process, frames and seals each event once 
 topic is bound to the same run and user, so the token is theirs too) and writes the same bytes to
 every joined client's socket without waiting for any of them. It pings them, ends them at their
 terminal event or idle timeout, and hands the watcher's final event to them. The responses it ends
-are closed when the worker has nothing else to do (``sse_endings``): a run's end must not hold up
+are closed when the worker has nothing else to do (``endings``): a run's end must not hold up
 the events of the others.
 
 Nothing is lost or repeated on the way in or out:
@@ -40,8 +40,6 @@ from typing import Any, NamedTuple
 
 from flask import Flask
 
-from api.controllers.common.sse import PING, event_message, observe_lag, sse_chunk, sse_message
-from api.controllers.common.sse_endings import EndingLane
 from api.core.app.apps.event_codec import encode_event, event_name
 from api.core.app.apps.event_transport import StreamMessage
 from api.core.app.apps.message_generator import (
@@ -55,9 +53,11 @@ from api.core.app.apps.read_loop import Next, ReadLoop
 from api.core.durable_stream import CLOSED, TopicCursor
 from api.extensions.ext_event_bus import event_transport
 from api.libs import log_context, metrics
-from api.libs.resume_token import StreamSealer
-from api.services.run_watcher import StreamWatch, run_watcher
-from api.services.workflow_event_service import COALESCE, EventStream, RunIds, follow, pause_moved_past
+
+from .endings import EndingLane
+from .framing import Framer, observe_lag
+from .streams import COALESCE, EventStream, RunIds, follow, pause_moved_past
+from .watcher import RunWatcher, StreamWatch
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,6 @@ logger = logging.getLogger(__name__)
 RING = 128
 FINISHED, PAUSED = "workflow_finished", "workflow_paused"
 _TRANSPORT = ("durable_stream",)
-EXTENSION_KEY = "sse_writers"
 
 
 class Outcome(NamedTuple):
@@ -149,19 +148,17 @@ def _both_wires(data: bytes) -> dict[bool, bytes]:
     return {True: _wire(data, True), False: data}
 
 
-_PING_WIRES = _both_wires(PING)
-
-
 class TopicWriter:
     """The writer of one topic (and the run and user its clients are bound to) in this process."""
 
     def __init__(
-        self, registry: SharedWriters, key: tuple[str, bytes], ids: RunIds, sealer: StreamSealer, cursor: TopicCursor
+        self, registry: SharedWriters, key: tuple[str, bytes], ids: RunIds, framer: Framer, cursor: TopicCursor
     ) -> None:
         self._registry = registry
         self.key = key
         self._ids = ids
-        self._sealer = sealer
+        self._framer = framer
+        self._ping_wires = _both_wires(framer.ping)
         self.position = cursor
         self.clients: dict[Follower, None] = {}  # in the order they joined
         self.alive = True
@@ -213,7 +210,7 @@ class TopicWriter:
             with app.app_context(), log_context.bound(fields):
                 subscription = MessageGenerator.retrieve_events(event_transport(), ids.topic, self.position)
                 subscription.__enter__()
-                watcher = run_watcher()
+                watcher = self._registry.watcher
                 self._watch = watcher.watch(ids.run_id, subscription, live_only=False)
                 self._follow(subscription, ping_interval, idle_timeout)
         except Exception as exc:  # every client reads on alone, and meets the failure itself
@@ -245,7 +242,7 @@ class TopicWriter:
                 if now - self._last_write >= ping_interval and self.clients:
                     self._last_write = now
                     for client in list(self.clients):
-                        self._push(client, _PING_WIRES[client.chunked], client.cursor, ends=False)
+                        self._push(client, self._ping_wires[client.chunked], client.cursor, ends=False)
                 continue
             if item is CLOSED:
                 self._end_all()
@@ -289,7 +286,7 @@ class TopicWriter:
         assert cursor is not None  # a durable stream's records all have one
         name = event_name(message.payload)
         event = StreamEvent(name or "", message.payload, cursor, message.stored)
-        framed = _Framed(cursor, name, event_message(event, self._sealer.seal_bytes), event)
+        framed = _Framed(cursor, name, self._framer.event(event), event)
         number = self._ring_start + len(self._ring)
         self._ring.append(framed)
         self._sequence[cursor] = number
@@ -349,7 +346,7 @@ class TopicWriter:
     def _end_all(self) -> None:
         """The topic ended: each client gets the watcher's final event if it ended the stream, then ends."""
         final = None if self._watch is None else self._watch.final_event()
-        wires = None if final is None else _both_wires(sse_message(encode_event(final)))
+        wires = None if final is None else _both_wires(self._framer.message(encode_event(final)))
         for client in list(self.clients):
             if wires is None:
                 self._release(client, ENDED)
@@ -363,17 +360,16 @@ class TopicWriter:
 
 
 class SharedWriters:
-    """This process's writers, by topic, app and user."""
+    """This process's writers, by topic, app and user (part of its :class:`~.runtime.DeliveryRuntime`)."""
 
-    def __init__(self, app: Flask, *, ping_interval: float, idle_timeout: float) -> None:
+    def __init__(self, app: Flask, watcher: RunWatcher, *, ping_interval: float, idle_timeout: float) -> None:
         self._app = app
+        self.watcher = watcher
         self._ping_interval, self._idle_timeout = ping_interval, idle_timeout
         self._writers: dict[tuple[str, bytes], TopicWriter] = {}
         self._endings = EndingLane()
 
-    def join(
-        self, key: tuple[str, bytes], client: Follower, cursor: TopicCursor, ids: RunIds, sealer: StreamSealer
-    ) -> bool:
+    def join(self, key: tuple[str, bytes], client: Follower, cursor: TopicCursor, ids: RunIds, framer: Framer) -> bool:
         """Have the topic's writer serve ``client`` after ``cursor``; start one there if there is none."""
         import gevent
 
@@ -386,7 +382,7 @@ class SharedWriters:
             gevent.sleep(0)
             return writer.join(client, cursor)
 
-        writer = TopicWriter(self, key, ids, sealer, cursor)
+        writer = TopicWriter(self, key, ids, framer, cursor)
         self._writers[key] = writer
         metrics.WRITERS_OPEN.tally.add(())
         writer.join(client, cursor)
@@ -398,17 +394,8 @@ class SharedWriters:
             del self._writers[writer.key]
 
     def finish(self, client: Follower, outcome: Outcome) -> None:
-        """Wake ``client`` with ``outcome`` to end its response, in its turn (``sse_endings``)."""
+        """Wake ``client`` with ``outcome`` to end its response, in its turn (``endings``)."""
         self._endings.add(client.waiter.switch, outcome)
-
-
-def shared_writers(app: Flask) -> SharedWriters:
-    registry: SharedWriters | None = app.extensions.get(EXTENSION_KEY)
-    if registry is None:
-        config = app.config["APP_CONFIG"]
-        registry = SharedWriters(app, ping_interval=config.SSE_PING_INTERVAL, idle_timeout=config.SSE_IDLE_TIMEOUT)
-        app.extensions[EXTENSION_KEY] = registry
-    return registry
 
 
 def writable_socket(environ: dict[str, Any]) -> Any | None:
@@ -429,7 +416,7 @@ def shared_body(
     socket: Any,
     chunked: bool,
     ids: RunIds,
-    sealer: StreamSealer,
+    framer: Framer,
     continue_on_pause: bool,
 ) -> Generator[bytes, None, None]:
     """The SSE bytes of ``events`` until the client is level with the topic's writer, then the writer's.
@@ -437,7 +424,7 @@ def shared_body(
     Handed back (a full socket buffer, a failed writer), the client writes the rest itself and reads
     on alone from where it is, until it can join again.
     """
-    key = (ids.topic, sealer.binding)
+    key = (ids.topic, framer.binding)
     client = Follower(socket, chunked=chunked, continue_on_pause=continue_on_pause)
     items: EventStream | None = events
     try:
@@ -445,10 +432,10 @@ def shared_body(
             joined = False
             try:
                 for item in items:
-                    yield sse_chunk(item, sealer.seal_bytes)
+                    yield framer.item(item)
                     cursor = _joinable_at(item, client)
                     del item  # not kept while the next one is awaited
-                    if cursor is not None and writers.join(key, client, cursor, ids, sealer):
+                    if cursor is not None and writers.join(key, client, cursor, ids, framer):
                         joined = True
                         break
             finally:

@@ -42,9 +42,9 @@ from api.libs.errors import STREAM_FAILED_RUN, STREAM_UNAVAILABLE, GoneError, Se
 from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
-from . import run_recovery
-from . import workflow_run_service as runs
-from .run_watcher import run_watcher
+from .. import run_recovery
+from .. import workflow_run_service as runs
+from .watcher import run_watcher
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,45 @@
+"""What delivery needs of the wire format, which the HTTP edge provides: the bytes of an item.
+
+The shared writer frames each event once for all its clients, so framing and the sealing of resume
+tokens happen inside delivery's loop; *how* an event becomes bytes (SSE, its ``id:`` a sealed token)
+is the HTTP edge's, which hands a :class:`Framer` in (``api.controllers.common.sse.SseFramer``).
+The delivery-lag sample is taken here, once per write, whatever the wire format.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from api.core.app.apps.event_codec import stamp_of
+from api.core.app.apps.message_generator import StreamEvent, StreamItem
+from api.libs import metrics
+
+
+class Framer(Protocol):
+    """The bytes of what one response sends; bound to the response's run and user."""
+
+    #: What sets apart the readers whose events frame alike (the sealer's binding: run, app, user):
+    #: only such readers may share a writer.
+    binding: bytes
+    #: A keep-alive message.
+    ping: bytes
+
+    def event(self, event: StreamEvent) -> bytes:
+        """One event of the run, its position sealed into its id (none for an event without one)."""
+        ...
+
+    def item(self, item: StreamItem) -> bytes:
+        """Any item a reader yields, as one write (a batch in one chunk); takes the lag sample."""
+        ...
+
+    def message(self, payload: bytes) -> bytes:
+        """A message without an id (an event built from the run's row)."""
+        ...
+
+
+def observe_lag(event: StreamEvent) -> None:
+    """One delivery-lag sample from ``event``'s envelope (call only when metrics are on)."""
+    assert event.stored is not None
+    stamp = stamp_of(event.stored)
+    if stamp is not None:
+        metrics.observe_lag("broadcast_channel" if event.cursor is None else "durable_stream", stamp)
