@@ -16,6 +16,11 @@ Its rules, in one place:
   need no locks. The shared writers are used only there (``writer.writable_socket``).
 - **Threads.** Elsewhere (the Flask test client, a threaded server) streams read alone; the watcher
   is a real thread and takes its lock.
+
+The process's connections it reads through are extensions, not part of it: the event transport
+(``ext_event_bus``, over the durable-stream backend of ``ext_durable_stream``) and the resume-token
+codec (``ext_resume_token``); those open on first use and again in a process that finds them
+inherited from its parent (they check the pid), for the same fork rule.
 """
 
 from __future__ import annotations
