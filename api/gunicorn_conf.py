@@ -12,6 +12,8 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
 - It starts the API process's reaper (``API_REAPER_INTERVAL``; ``api.tasks.reaper``), so a run
   whose worker died ends within its lease and one sweep even with no Celery worker left and nobody
   reading it.
+- On SIGTERM it drains the worker's event streams (``drain_on_exit``): each ends with a ``retry:`` and
+  its client resumes on another worker.
 - It also turns off gevent's greenlet-tree tracking (unless ``GEVENT_TRACK_GREENLET_TREE`` is set): with
   it, every connection's greenlet keeps a copy of the stack that spawned it (about nine frame records
   and their lists), long-lived objects the cyclic GC would scan for as long as the stream is open.
@@ -46,11 +48,15 @@ def post_worker_init(worker: Any) -> None:
         import gevent
 
         gevent.config.track_greenlet_tree = False
-    from api.tasks.reaper import start_in_api_worker
+    app = getattr(worker, "wsgi", None)  # our Flask app; another WSGI app gets neither of these
+    if app is not None and "APP_CONFIG" in getattr(app, "config", {}):
+        from api.tasks.reaper import start_in_api_worker
 
-    reaper = start_in_api_worker(worker.wsgi)
-    if reaper is not None:
-        worker.log.info("reaper: sweeping every %g s in this API worker", reaper.interval)
+        reaper = start_in_api_worker(app)
+        if reaper is not None:
+            worker.log.info("reaper: sweeping every %g s in this API worker", reaper.interval)
+        if "gevent" in sys.modules:
+            drain_on_exit(worker)
     gc.collect()
     gc.freeze()
     worker.log.info("gc.freeze(): %d start-up objects are no longer scanned by the cyclic GC", gc.get_freeze_count())
@@ -62,6 +68,31 @@ def post_worker_init(worker: Any) -> None:
             worker.log.warning("GC_PAUSE_LOG_MS=%r is not a number of milliseconds: no GC pause log", threshold)
         else:
             gc.callbacks.append(pause_logger(worker.log, milliseconds / 1000))
+
+
+def drain_on_exit(worker: Any) -> None:
+    """On SIGTERM (a stop, or a reload's replacement of this worker) the worker stops accepting, as
+    gunicorn does, and its open event streams end at once with a ``retry:`` (spread at random), so
+    their clients resume on another worker with ``Last-Event-ID`` instead of waiting out the graceful
+    timeout and then losing their connection. gunicorn then finds no connection left and exits."""
+    import signal
+
+    import gevent
+
+    from api.services.delivery import current_runtime
+
+    stop = worker.handle_exit
+    app = worker.wsgi
+
+    def drain() -> None:
+        with app.app_context():
+            current_runtime().drain()
+
+    def handle_exit(sig: int, frame: Any) -> None:
+        stop(sig, frame)
+        gevent.spawn(drain)  # out of the signal handler, on the hub
+
+    signal.signal(signal.SIGTERM, handle_exit)
 
 
 def pause_logger(log: Any, threshold: float) -> Any:

@@ -138,6 +138,12 @@ class AppConfig(BaseSettings):
     )
     SSE_PING_INTERVAL: float = Field(default=10, description="Seconds between pings on an idle event stream.")
     SSE_IDLE_TIMEOUT: float = Field(default=300, description="An event stream with no event for this long ends.")
+    SSE_DRAIN_RETRY_MAX_MS: int = Field(
+        default=3000,
+        ge=1,
+        description="When an API worker stops (SIGTERM, a gunicorn reload), each open event stream ends with a "
+        "'retry:' of 250 ms up to this many milliseconds, spread at random, and its client resumes elsewhere.",
+    )
     SSE_SHARED_WRITER: bool = Field(
         default=True,
         description="Under gunicorn's gevent workers, one writer per run and process writes each live event "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 
-from api.core.app.apps.message_generator import EventBatch, Ping, StreamEvent, StreamItem
+from api.core.app.apps.message_generator import EventBatch, Ping, Retry, StreamEvent, StreamItem
 from api.core.durable_stream import TopicCursor
 from api.libs import metrics
 from api.libs.resume_token import StreamSealer
@@ -65,7 +65,14 @@ def sse_chunk(item: StreamItem, resume_token: Callable[[TopicCursor], bytes]) ->
         return b"".join([event_message(event, resume_token) for event in item.events])
     if isinstance(item, Ping):
         return PING
+    if isinstance(item, Retry):
+        return retry_message(item.milliseconds)
     return sse_message(item.payload, event=item.event)  # a Notice
+
+
+def retry_message(milliseconds: int) -> bytes:
+    """The reconnection time a client should wait before it comes back (SSE's ``retry:`` field)."""
+    return b"retry: %d\n\n" % milliseconds
 
 
 def event_message(event: StreamEvent, resume_token: Callable[[TopicCursor], bytes]) -> bytes:
@@ -98,3 +105,6 @@ class SseFramer:
 
     def message(self, payload: bytes) -> bytes:
         return sse_message(payload)
+
+    def retry(self, milliseconds: int) -> bytes:
+        return retry_message(milliseconds)

@@ -36,6 +36,10 @@ class Framer(Protocol):
         """A message without an id (an event built from the run's row)."""
         ...
 
+    def retry(self, milliseconds: int) -> bytes:
+        """The last message of a drained stream: come back in ``milliseconds``."""
+        ...
+
 
 def observe_lag(event: StreamEvent) -> None:
     """One delivery-lag sample from ``event``'s envelope (call only when metrics are on)."""

@@ -25,24 +25,41 @@ inherited from its parent (they check the pid), for the same fork rule.
 
 from __future__ import annotations
 
+import logging
+
 from flask import Flask, current_app
 
 from api.configs import AppConfig
 
 from . import watcher as watcher_module
+from .streams import drain_retry_ms
 from .watcher import RunWatcher
 from .writer import SharedWriters
 
 EXTENSION_KEY = "delivery"
+logger = logging.getLogger(__name__)
 
 
 class DeliveryRuntime:
     def __init__(self, app: Flask, config: AppConfig) -> None:
+        self._config = config
         interval = max(0.5, config.WORKFLOW_LEASE_TTL / 3)
         self.watcher = RunWatcher(app, interval=interval, grace=config.WORKFLOW_END_RETRY_DEADLINE + interval)
         self.writers = SharedWriters(
             app, self.watcher, ping_interval=config.SSE_PING_INTERVAL, idle_timeout=config.SSE_IDLE_TIMEOUT
         )
+
+    def drain(self) -> None:
+        """The process is going away (SIGTERM, a reload): end every open stream with a ``retry:``.
+
+        The writers' clients first (each gets its ``retry:`` from its writer), then every stream that
+        reads alone and every writer's subscription (the watcher closes them; each stream ends with
+        its own ``retry:``); a stream that starts after this ends at once. The clients resume with
+        ``Last-Event-ID`` on another process; the server's drain then finds no connection left.
+        """
+        writers = self.writers.drain(lambda: drain_retry_ms(self._config))
+        streams = self.watcher.drain()
+        logger.info("draining: %d writer(s) and %d stream(s) told their clients to come back", writers, streams)
 
 
 def init_app(app: Flask, config: AppConfig) -> DeliveryRuntime:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from collections.abc import Generator
 from typing import Any, NamedTuple
@@ -28,6 +29,7 @@ from api.core.app.apps.message_generator import (
     IncompleteRunError,
     MessageGenerator,
     Notice,
+    Retry,
     StartAt,
     StreamEvent,
     StreamItem,
@@ -51,6 +53,8 @@ logger = logging.getLogger(__name__)
 CURSOR_EXPIRED_MESSAGE = (
     "the run's events after this point are no longer retained; reload the run (GET /workflows/run/<id>)"
 )
+#: The shortest wait a drained stream asks its client for (milliseconds).
+DRAIN_RETRY_MIN_MS = 250
 #: Events ready at once that one chunk (one socket write) may carry.
 COALESCE = 64
 
@@ -322,6 +326,8 @@ def _events(
         )
         first = None  # delivered by `events`; this frame must not keep it for the stream's life
         yield from events
+        if watch.drained:  # the process is going away: the client comes back, to another one
+            yield Retry(drain_retry_ms(config))
     except CursorUnavailableError:
         yield _error_notice(run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410)
     except IncompleteRunError:
@@ -333,6 +339,12 @@ def _events(
         watcher.unwatch(watch)
         subscription.close()
         binding.__exit__(None, None, None)
+
+
+def drain_retry_ms(config: AppConfig) -> int:
+    """When a drained stream's client should come back: spread over ``SSE_DRAIN_RETRY_MAX_MS``, so
+    that the clients of a stopping process do not all reconnect in the same instant."""
+    return random.randint(min(DRAIN_RETRY_MIN_MS, config.SSE_DRAIN_RETRY_MAX_MS), config.SSE_DRAIN_RETRY_MAX_MS)
 
 
 def pause_moved_past(run_id: str, payload: bytes) -> bool:

@@ -47,13 +47,15 @@ _CHUNK = 500
 class StreamWatch:
     """One open stream of a run, as the watcher sees it."""
 
-    __slots__ = ("final", "live_only", "run_id", "subscription")
+    __slots__ = ("drained", "final", "live_only", "run_id", "subscription")
 
     def __init__(self, run_id: str, subscription: EventSubscription, live_only: bool) -> None:
         self.run_id = run_id
         self.subscription = subscription
         self.live_only = live_only
         self.final: dict[str, Any] | None = None
+        #: Set when the process drains: the stream ends with a ``retry:`` instead of an event.
+        self.drained = False
 
     def final_event(self) -> dict[str, Any] | None:
         """The event the watcher ended the stream with, if it did."""
@@ -62,6 +64,10 @@ class StreamWatch:
     def end(self, final: dict[str, Any]) -> None:
         self.final = final
         self.subscription.close()  # wakes the stream, which then sends ``final``
+
+    def drain(self) -> None:
+        self.drained = True
+        self.subscription.close()  # wakes the stream, which then tells its client to come back
 
 
 class RunWatcher:
@@ -74,6 +80,7 @@ class RunWatcher:
         self._streams: dict[str, set[StreamWatch]] = {}
         self._pending_since: dict[str, float] = {}
         self._thread: threading.Thread | None = None
+        self._draining = False
 
     @property
     def interval(self) -> float:
@@ -82,6 +89,9 @@ class RunWatcher:
     def watch(self, run_id: str, subscription: EventSubscription, *, live_only: bool) -> StreamWatch:
         """Watch ``run_id`` for one more stream (reading ``subscription``) until :meth:`unwatch`."""
         watch = StreamWatch(run_id, subscription, live_only)
+        if self._draining:  # a request that began before the drain: it ends at once too
+            watch.drain()
+            return watch
         with self._lock:
             self._streams.setdefault(run_id, set()).add(watch)
             if self._thread is None or not self._thread.is_alive():  # none yet, stopped, or not forked
@@ -98,6 +108,15 @@ class RunWatcher:
             if not streams:
                 del self._streams[watch.run_id]
                 self._pending_since.pop(watch.run_id, None)
+
+    def drain(self) -> int:
+        """End every watched stream (each tells its client to come back), and every later one; returns how many."""
+        with self._lock:
+            self._draining = True
+            watches = [watch for streams in self._streams.values() for watch in streams]
+        for watch in watches:
+            watch.drain()
+        return len(watches)
 
     def watched(self) -> int:
         """How many runs are watched (for tests and diagnostics)."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
 from flask import Flask
@@ -281,6 +281,11 @@ class TopicWriter:
                 self._end_all()
                 return
 
+    def drain(self, retry_ms: Callable[[], int]) -> None:
+        """The process is going away: end every client with a ``retry:`` (each its own wait)."""
+        for client in list(self.clients):
+            self._push(client, _wire(self._framer.retry(retry_ms()), client.chunked), client.cursor, ends=True)
+
     def _framed(self, message: StreamMessage) -> _Framed:
         cursor = message.cursor
         assert cursor is not None  # a durable stream's records all have one
@@ -388,6 +393,13 @@ class SharedWriters:
         writer.join(client, cursor)
         gevent.spawn(writer.run, self._app, self._ping_interval, self._idle_timeout)
         return True
+
+    def drain(self, retry_ms: Callable[[], int]) -> int:
+        """End every joined client of every writer with a ``retry:``; returns how many writers there were."""
+        writers = list(self._writers.values())
+        for writer in writers:
+            writer.drain(retry_ms)
+        return len(writers)
 
     def forget(self, writer: TopicWriter) -> None:
         if self._writers.get(writer.key) is writer:

@@ -35,6 +35,7 @@ __all__ = [
     "MessageGenerator",
     "Notice",
     "Ping",
+    "Retry",
     "StartAt",
     "StreamEvent",
     "StreamItem",
@@ -93,8 +94,16 @@ class EventBatch:
     events: tuple[StreamEvent, ...]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Retry:
+    """The stream's last item when its process is going away: come back in ``milliseconds`` (with
+    ``Last-Event-ID``), to another process."""
+
+    milliseconds: int
+
+
 #: What an event stream yields to the HTTP edge.
-StreamItem = Ping | StreamEvent | EventBatch | Notice
+StreamItem = Ping | StreamEvent | EventBatch | Notice | Retry
 
 
 class MessageGenerator:

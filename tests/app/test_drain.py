@@ -1,0 +1,131 @@
+"""Graceful drain: a gunicorn worker told to stop ends its event streams at once with a ``retry:``, and
+their clients resume on another worker with ``Last-Event-ID``: nothing lost, nothing repeated."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import pathlib
+import re
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+import requests
+
+from api.core.app.apps.event_codec import unstamped
+from api.core.app.apps.topics import workflow_run_topic
+from api.core.durable_stream import CLOSED, connect
+from harness.app_env import base_env
+from harness.served_stack import ServedStack
+from harness.sse import parse_sse
+from harness.waiting import wait_until
+from tests.app.test_service_api import slow_greeting
+
+pytestmark = pytest.mark.timeout(180)
+
+RETRY = re.compile(rb"retry: (\d+)\n\n$")
+CLIENTS = 8
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedStack]:
+    directory: pathlib.Path = tmp_path_factory.mktemp("drain")
+    env = base_env(directory, SSE_PING_INTERVAL="1", SSE_DRAIN_RETRY_MAX_MS="1500")
+    with ServedStack(env, directory / "stack", servers=1, workers_per_server=2, celery_concurrency=4) as served:
+        yield served
+
+
+def read(url: str, key: str, last_event_id: str | None = None) -> tuple[list[dict[str, Any]], list[str], bytes]:
+    """One response of a run's events: the events, their ids, and the response's last bytes."""
+    headers = {"Authorization": f"Bearer {key}"}
+    if last_event_id is not None:
+        headers["Last-Event-ID"] = last_event_id
+    response = requests.get(url, headers=headers, stream=True, timeout=60)
+    assert response.status_code == 200, response.text
+    tail = b""
+
+    def chunks() -> Iterator[bytes]:
+        nonlocal tail
+        for chunk in response.iter_content(None):
+            tail = (tail + chunk)[-64:]
+            yield chunk
+
+    events, ids = [], []
+    for message in parse_sse(chunks()):
+        if message.is_ping or message.event is not None:
+            continue
+        events.append(message.json)
+        ids.append(message.id or "")
+    return events, ids, tail
+
+
+def stored(stack: ServedStack, run_id: str) -> list[dict[str, Any]]:
+    """What the run's topic holds now (without waiting for more)."""
+    events = []
+    with (
+        connect(stack.env["DURABLE_STREAM_URL"]) as backend,
+        backend.topic(workflow_run_topic("workflow", run_id)).subscribe_from_beginning() as subscription,
+    ):
+        while (record := subscription.receive(timeout=0)) not in (None, CLOSED):
+            events.append(json.loads(unstamped(record.payload)))  # type: ignore[union-attr]
+    return events
+
+
+def test_a_stopping_worker_hands_its_streams_to_another(stack: ServedStack) -> None:
+    key = stack.create_app(slow_greeting(delay=0.02, tokens=400))  # about 8 s of text per run
+    url = stack.urls[0]
+    runs = [
+        requests.post(
+            f"{url}/v1/workflows/run",
+            json={"inputs": {"name": f"c{index}"}, "user": "u1", "response_mode": "async"},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        ).json()["workflow_run_id"]
+        for index in range(CLIENTS)
+    ]
+    server = stack.servers[0]
+    workers = server.worker_pids()
+    assert len(workers) == 2
+
+    def follow(run_id: str) -> tuple[list[dict[str, Any]], int]:
+        events_url = f"{url}/v1/workflow/{run_id}/events?user=u1&include_state_snapshot=true"
+        events, ids, tail = read(events_url, key)
+        drained = 0
+        while not events or events[-1]["event"] != "workflow_finished":
+            found = RETRY.search(tail)
+            assert found, f"a stream ended without its run's end or a retry: {tail!r}"
+            assert 250 <= int(found.group(1)) <= 1500
+            drained += 1
+            more, more_ids, tail = read(f"{url}/v1/workflow/{run_id}/events?user=u1", key, last_event_id=ids[-1])
+            events, ids = events + more, ids + more_ids
+        return events, drained
+
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        followed = [pool.submit(follow, run_id) for run_id in runs]
+        wait_until(
+            lambda: all(len(stored(stack, run_id)) > 20 for run_id in runs), 30, "every run to stream to its client"
+        )
+        stopping = workers[0]
+        os.kill(stopping, signal.SIGTERM)
+        stopped_at = time.monotonic()
+        wait_until(lambda: not psutil.pid_exists(stopping) or _zombie(stopping), 10, "the stopped worker to exit")
+        took = time.monotonic() - stopped_at
+        results = [future.result() for future in followed]
+    # Without the drain the worker would keep its streams until the graceful timeout (5 s here).
+    assert took < 3.5, f"the stopped worker took {took:.1f} s to exit"
+    assert sum(drained for _, drained in results) >= 1, "no client was on the stopped worker"
+    for run_id, (events, _) in zip(runs, results, strict=True):
+        assert events == stored(stack, run_id), "a resumed client's copy differs from the stored run"
+    assert 500 not in stack.statuses()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
