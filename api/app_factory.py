@@ -41,6 +41,7 @@ def create_app(config: AppConfig | None = None) -> Flask:
 
     import api.tasks  # noqa: F401  (registers the Celery tasks)
     from api.controllers.browser import bp as browser_bp
+    from api.controllers.health import bp as health_bp
     from api.controllers.service_api import bp as service_api_bp
     from api.controllers.web import bp as web_bp
     from api.libs.external_api import http_error_response
@@ -48,6 +49,7 @@ def create_app(config: AppConfig | None = None) -> Flask:
     app.register_blueprint(service_api_bp)
     app.register_blueprint(web_bp)
     app.register_blueprint(browser_bp)
+    app.register_blueprint(health_bp)
     app.register_error_handler(Exception, http_error_response)
     _register_commands(app)
     return app

@@ -179,3 +179,19 @@ assert gc.get_freeze_count() > 1000, gc.get_freeze_count()
 """
     env = {key: value for key, value in os.environ.items() if key != "GEVENT_TRACK_GREENLET_TREE"}
     subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT, env=env, timeout=60)
+
+
+def test_compose_needs_real_secrets_and_the_image_runs_as_configured() -> None:
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "docker" / "docker-compose.yaml").read_text())
+    env = compose["x-app-env"]
+    # `${NAME:?message}`: compose refuses to start while the variable is unset or empty.
+    assert env["SECRET_KEY"].startswith("${SECRET_KEY:?") and env["RESUME_TOKEN_KEYS"].startswith(
+        "${RESUME_TOKEN_KEYS:?"
+    )
+    assert compose["services"]["api"]["healthcheck"]["test"][-1].endswith("/health/ready")
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    assert "python:api.gunicorn_conf" in dockerfile and "/health/ready" in dockerfile
+    user = re.search(r"^USER (\S+)$", dockerfile, flags=re.M)
+    assert user is not None and user.group(1) not in ("root", "0")
