@@ -121,7 +121,12 @@ def _metrics_config() -> Any:
     return config if config.API_METRICS_BIND else None
 
 
+#: Set in the master's environment (so its workers inherit it): this file's hooks are in force.
+CONFIG_MARK = "API_GUNICORN_CONF"
+
+
 def on_starting(server: Any) -> None:
+    os.environ[CONFIG_MARK] = "1"
     config = _metrics_config()
     if config is not None:
         from api.extensions import ext_metrics

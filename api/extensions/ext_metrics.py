@@ -23,7 +23,8 @@ import threading
 from typing import TYPE_CHECKING, Any, Literal
 
 from api.configs import AppConfig
-from api.core.durable_stream import set_observer
+from api.core.durable_stream import adapter_name, set_observer
+from api.extensions.ext_durable_stream import stream_url_with_retention
 from api.libs import metrics
 
 if TYPE_CHECKING:
@@ -83,11 +84,16 @@ def process_dead(config: AppConfig, role: Role, pid: int) -> None:
 class Publisher:
     """Adds what the tallies gained since the last look to the Prometheus metrics."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, role: Role | None = None, backend: str | None = None
+    ) -> None:
+        """The Prometheus metrics of ``role`` (every metric without one), each known label value at 0;
+        ``backend`` is this process's stream-store adapter, for the families labelled by it."""
         from prometheus_client import Counter, Gauge, Histogram
 
+        self._metrics = [metric for metric in metrics.METRICS if role is None or role in metric.roles]
         self._collectors: dict[str, Any] = {}
-        for metric in metrics.METRICS:
+        for metric in self._metrics:
             if metric.kind == "counter":
                 collector: Any = Counter(metric.name, metric.help, metric.labels, registry=registry)
             elif metric.kind == "gauge":
@@ -99,17 +105,21 @@ class Publisher:
                     metric.name, metric.help, metric.labels, buckets=metric.buckets, registry=registry
                 )
             self._collectors[metric.name] = collector
+            for known in metric.known:
+                if metrics.BACKEND in known and backend is None:
+                    continue
+                collector.labels(*(backend if value == metrics.BACKEND else value for value in known))
         self._published: dict[str, dict[tuple[str, ...], list[float]]] = {}
         self.forget()
 
     def forget(self) -> None:
         """Start over (in a forked child: its tallies start from nothing, and so do its metric files)."""
-        self._published = {metric.name: {} for metric in metrics.METRICS}
+        self._published = {metric.name: {} for metric in self._metrics}
         self._lock = threading.Lock()
 
     def publish(self) -> None:
         with self._lock:  # the thread and the exit hook
-            for metric in metrics.METRICS:
+            for metric in self._metrics:
                 seen = self._published[metric.name]
                 collector = self._collectors[metric.name]
                 for labels, values in metric.tally.snapshot().items():
@@ -136,6 +146,20 @@ def _add(child: Any, kind: str, deltas: list[float]) -> None:
 _started: list[Publisher] = []
 
 
+def require_serving(config: AppConfig) -> None:
+    """Refuse to serve the API with ``API_METRICS_BIND`` set where nothing would serve the metrics: only
+    gunicorn's master with ``api.gunicorn_conf`` does (it sums its workers' files).
+
+    Raises:
+        RuntimeError: The bind is set, and gunicorn runs without the project's config (or no gunicorn runs).
+    """
+    if config.API_METRICS_BIND and os.environ.get("API_GUNICORN_CONF") != "1":
+        raise RuntimeError(
+            f"API_METRICS_BIND={config.API_METRICS_BIND} is set, but nothing serves the API's metrics: start gunicorn "
+            "with --config python:api.gunicorn_conf (its master serves them), or unset API_METRICS_BIND"
+        )
+
+
 def start(config: AppConfig, role: Role) -> bool:
     """Count and publish this process's metrics if the role has a bind; return whether it does."""
     if not bind_of(config, role):
@@ -146,7 +170,7 @@ def start(config: AppConfig, role: Role) -> bool:
     set_observer(metrics.StreamMetrics())
     metrics.enable()
     if not _started:
-        _started.append(Publisher())
+        _started.append(Publisher(role=role, backend=adapter_name(stream_url_with_retention(config))))
         atexit.register(_started[0].publish)
     start_publishing(config.METRICS_FLUSH_INTERVAL)
     return True

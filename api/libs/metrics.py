@@ -31,6 +31,7 @@ __all__ = [
     "enabled",
     "exported_names",
     "observe_lag",
+    "observe_replay",
 ]
 
 Kind = Literal["counter", "gauge", "histogram"]
@@ -39,6 +40,8 @@ Kind = Literal["counter", "gauge", "histogram"]
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 RECORD_BUCKETS = (0.0, 1.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0)
+#: Seconds back a replay starts: from moments to the default retention of a week.
+REPLAY_AGE_BUCKETS = (1.0, 10.0, 60.0, 600.0, 3600.0, 21600.0, 86400.0, 604800.0)
 
 
 class Tally:
@@ -74,6 +77,13 @@ class Tally:
         self.values = {}
 
 
+#: The processes that export a metric: the API's (gunicorn workers) and the Celery workers'.
+API, WORKER = "api", "worker"
+BOTH = frozenset({API, WORKER})
+#: In a metric's known label values: the process's own stream-store adapter (``sqlite``, ``redis``, …).
+BACKEND = "$backend"
+
+
 @dataclasses.dataclass(frozen=True)
 class Metric:
     name: str
@@ -81,6 +91,10 @@ class Metric:
     help: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
+    #: Which roles export it (each process only its own role's).
+    roles: frozenset[str] = BOTH
+    #: Label values exported from the start, at 0, so that a dashboard shows 0 rather than no data.
+    known: tuple[tuple[str, ...], ...] = ()
     tally: Tally = dataclasses.field(default_factory=Tally, compare=False)
 
     def __post_init__(self) -> None:
@@ -88,17 +102,62 @@ class Metric:
             object.__setattr__(self, "tally", Tally(self.buckets))
 
 
-def _metric(name: str, kind: Kind, help: str, *labels: str, buckets: tuple[float, ...] = ()) -> Metric:
-    return Metric(name, kind, help, labels, buckets)
+def _metric(
+    name: str,
+    kind: Kind,
+    help: str,
+    *labels: str,
+    buckets: tuple[float, ...] = (),
+    roles: frozenset[str] = BOTH,
+    known: tuple[tuple[str, ...], ...] = (),
+) -> Metric:
+    return Metric(name, kind, help, labels, buckets, roles, known)
+
+
+def _each(*values: str) -> tuple[tuple[str, ...], ...]:
+    return tuple((value,) for value in values)
+
+
+def _per_backend(*values: str) -> tuple[tuple[str, ...], ...]:
+    return tuple((BACKEND, value) for value in values) if values else ((BACKEND,),)
+
+
+#: What a request for a run's events can come to (``workflow_sse_resumes_total``).
+RESUME_OUTCOMES = (
+    "attached",
+    "resumed",
+    "invalid_resume_token",
+    "resume_cursor_expired",
+    "run_events_lost",
+    "not_found",
+    "unavailable",
+)
+TRANSPORTS = ("durable_stream", "broadcast_channel")
 
 
 # The library's own activity, per backend (adapter) — fed by StreamMetrics, the durable-stream observer.
-APPENDS = _metric("durable_stream_appends_total", "counter", "Appends by outcome.", "backend", "outcome")
-APPEND_SECONDS = _metric(
-    "durable_stream_append_seconds", "histogram", "Append latency.", "backend", buckets=LATENCY_BUCKETS
+APPENDS = _metric(
+    "durable_stream_appends_total",
+    "counter",
+    "Appends by outcome.",
+    "backend",
+    "outcome",
+    known=_per_backend("ok", "sealed", "unavailable"),
 )
-RECORDS_READ = _metric("durable_stream_records_read_total", "counter", "Records read by subscriptions.", "backend")
-SUBSCRIPTIONS_OPEN = _metric("durable_stream_subscriptions_open", "gauge", "Subscriptions open.", "backend")
+APPEND_SECONDS = _metric(
+    "durable_stream_append_seconds",
+    "histogram",
+    "Append latency.",
+    "backend",
+    buckets=LATENCY_BUCKETS,
+    known=_per_backend(),
+)
+RECORDS_READ = _metric(
+    "durable_stream_records_read_total", "counter", "Records read by subscriptions.", "backend", known=_per_backend()
+)
+SUBSCRIPTIONS_OPEN = _metric(
+    "durable_stream_subscriptions_open", "gauge", "Subscriptions open.", "backend", known=_per_backend()
+)
 BACKLOG = _metric(
     "durable_stream_subscription_backlog_records",
     "histogram",
@@ -106,17 +165,38 @@ BACKLOG = _metric(
     "backend",
     "start",
     buckets=RECORD_BUCKETS,
+    known=_per_backend("cursor", "beginning", "tail"),
 )
 CURSOR_UNAVAILABLE = _metric(
-    "durable_stream_cursor_unavailable_total", "counter", "CursorUnavailableError by reason.", "backend", "reason"
+    "durable_stream_cursor_unavailable_total",
+    "counter",
+    "CursorUnavailableError by reason.",
+    "backend",
+    "reason",
+    roles=frozenset({API}),
+    known=_per_backend("trimmed", "epoch", "foreign", "malformed", "unknown"),
 )
 UNAVAILABLE = _metric(
-    "durable_stream_unavailable_total", "counter", "DurableStreamUnavailableError (the store failed).", "backend"
+    "durable_stream_unavailable_total",
+    "counter",
+    "DurableStreamUnavailableError (the store failed).",
+    "backend",
+    known=_per_backend(),
 )
 # The app's.
-STREAMS_OPEN = _metric("workflow_sse_streams_open", "gauge", "SSE event streams open.", "transport")
+STREAMS_OPEN = _metric(
+    "workflow_sse_streams_open",
+    "gauge",
+    "SSE event streams open.",
+    "transport",
+    roles=frozenset({API}),
+    known=_each(*TRANSPORTS),
+)
 WRITERS_OPEN = _metric(
-    "workflow_sse_writers_open", "gauge", "Shared SSE writers (one per run that clients follow live, per API process)."
+    "workflow_sse_writers_open",
+    "gauge",
+    "Shared SSE writers (one per run that clients follow live, per API process).",
+    roles=frozenset({API}),
 )
 HANDBACKS = _metric(
     "workflow_sse_handbacks_total",
@@ -124,31 +204,79 @@ HANDBACKS = _metric(
     "Clients a shared writer handed back to their own stream: slow (its socket buffer was full) or failed "
     "(the writer's read of the run's events failed).",
     "reason",
+    roles=frozenset({API}),
+    known=_each("slow", "failed"),
 )
 RESUMES = _metric(
     "workflow_sse_resumes_total",
     "counter",
-    "Reconnects to a run's events by outcome: resumed, invalid_token (400), expired (410), not_found (404), "
-    "unavailable (503).",
+    "Requests for a run's events by outcome: attached (no Last-Event-ID), resumed (after one), or the code "
+    "it was refused with (invalid_resume_token 400, resume_cursor_expired and run_events_lost 410, "
+    "not_found 404, unavailable 503).",
     "outcome",
+    roles=frozenset({API}),
+    known=_each(*RESUME_OUTCOMES),
 )
 LAG = _metric(
     "workflow_event_delivery_lag_seconds",
     "histogram",
-    "From the worker's append of an event to the API's write of it to a client (one sample per write).",
+    "From the worker's append of an event to the API's write of it to a client, for events appended after "
+    "the client's request began (live delivery; one sample per write).",
     "transport",
     buckets=LAG_BUCKETS,
+    roles=frozenset({API}),
+    known=_each(*TRANSPORTS),
 )
-RUNS_FINISHED = _metric("workflow_runs_finished_total", "counter", "Runs that reached a terminal status.", "status")
-REAPS = _metric("workflow_run_reaps_total", "counter", "Runs the reaper ended: lease_expired or not_started.", "reason")
+REPLAYED = _metric(
+    "workflow_sse_replayed_events_total",
+    "counter",
+    "Events a client was sent that were appended before its request began (a resume, a snapshot, a late join).",
+    "transport",
+    roles=frozenset({API}),
+    known=_each(*TRANSPORTS),
+)
+REPLAY_AGE = _metric(
+    "workflow_sse_replay_age_seconds",
+    "histogram",
+    "Age of the oldest replayed event of each write of replayed events (how far back clients read).",
+    "transport",
+    buckets=REPLAY_AGE_BUCKETS,
+    roles=frozenset({API}),
+    known=_each(*TRANSPORTS),
+)
+RUNS_FINISHED = _metric(
+    "workflow_runs_finished_total",
+    "counter",
+    "Runs that reached a terminal status.",
+    "status",
+    known=_each("succeeded", "failed", "stopped"),
+)
+REAPS = _metric(
+    "workflow_run_reaps_total",
+    "counter",
+    "Runs the reaper ended (lease_expired, not_started) or queued again (requeued).",
+    "reason",
+    known=_each("lease_expired", "not_started", "requeued"),
+)
 WATCHDOG_STOPS = _metric(
-    "workflow_watchdog_stops_total", "counter", "Attempts stopped by the APP_MAX_EXECUTION_TIME watchdog."
+    "workflow_watchdog_stops_total",
+    "counter",
+    "Attempts stopped by the APP_MAX_EXECUTION_TIME watchdog.",
+    roles=frozenset({WORKER}),
 )
 RETENTION_REMOVED = _metric(
-    "workflow_retention_removed_records_total", "counter", "Records enforce_retention() removed."
+    "workflow_retention_removed_records_total",
+    "counter",
+    "Records enforce_retention() removed.",
+    roles=frozenset({WORKER}),
 )
 RETENTION_SWEEPS = _metric(
-    "workflow_retention_sweeps_total", "counter", "enforce_retention() sweeps by outcome: ok or failed.", "outcome"
+    "workflow_retention_sweeps_total",
+    "counter",
+    "enforce_retention() sweeps by outcome: ok or failed.",
+    "outcome",
+    roles=frozenset({WORKER}),
+    known=_each("ok", "failed"),
 )
 
 METRICS: tuple[Metric, ...] = (
@@ -164,6 +292,8 @@ METRICS: tuple[Metric, ...] = (
     HANDBACKS,
     RESUMES,
     LAG,
+    REPLAYED,
+    REPLAY_AGE,
     RUNS_FINISHED,
     REAPS,
     WATCHDOG_STOPS,
@@ -199,6 +329,13 @@ def observe_lag(transport: str, stamp: float) -> None:
     """One delivery-lag sample: an event the worker stamped at ``stamp`` (``time.time()``) is written now."""
     if _enabled:
         LAG.tally.observe((transport,), time.time() - stamp)
+
+
+def observe_replay(transport: str, stamp: float, events: int) -> None:
+    """A write of ``events`` replayed events, the oldest stamped at ``stamp``."""
+    if _enabled:
+        REPLAYED.tally.add((transport,), events)
+        REPLAY_AGE.tally.observe((transport,), time.time() - stamp)
 
 
 class StreamMetrics:

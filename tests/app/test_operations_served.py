@@ -46,6 +46,13 @@ class Scraper:
             if sample == name and all(sample_labels.get(key) == wanted for key, wanted in labels.items())
         )
 
+    def has(self, name: str, **labels: str) -> bool:
+        """Whether a sample called ``name`` with ``labels`` is exported at all (at 0, say)."""
+        return any(
+            sample == name and all(sample_labels.get(key) == wanted for key, wanted in labels.items())
+            for sample, sample_labels, _ in self.samples()
+        )
+
     def wait_for(self, name: str, minimum: float, **labels: str) -> float:
         wait_until(lambda: self.value(name, **labels) >= minimum, timeout=15, what=f"{name}{labels} >= {minimum}")
         return self.value(name, **labels)
@@ -98,6 +105,22 @@ def test_counters_move_as_runs_stream_resume_expire_and_fail(stack: tuple[Served
     wait_until(lambda: api.value("workflow_sse_streams_open") == 0, 15, "the stream is counted closed")
     assert api.value("durable_stream_subscriptions_open") == 0
 
+    # A healthy system shows every known label at 0, and each role only its own families.
+    for scraper in (api, worker):
+        assert scraper.has("workflow_run_reaps_total", reason="lease_expired")
+        assert scraper.has("durable_stream_unavailable_total", backend="sqlite")
+    assert api.has("workflow_sse_resumes_total", outcome="run_events_lost")
+    assert worker.has("workflow_retention_sweeps_total", outcome="failed")
+    assert not worker.has("workflow_sse_streams_open") and not api.has("workflow_watchdog_stops_total")
+
+    # A late reader from the run's start: an attach, whose events are a replay, not delivery lag.
+    lag_before = api.value("workflow_event_delivery_lag_seconds_count", transport="durable_stream")
+    whole = read_run(url, key, task_id)
+    assert whole.status == 200 and whole.ended == "finished"
+    api.wait_for("workflow_sse_resumes_total", 1, outcome="attached")
+    api.wait_for("workflow_sse_replayed_events_total", len(messages), transport="durable_stream")
+    assert api.value("workflow_event_delivery_lag_seconds_count", transport="durable_stream") == lag_before
+
     # Resumes: after an event (replaying the rest), with a forged token, for an unknown task.
     ids = [message.id for message in messages if message.id]
     resumed = read_run(url, key, task_id, last_event_id=ids[0])
@@ -106,7 +129,7 @@ def test_counters_move_as_runs_stream_resume_expire_and_fail(stack: tuple[Served
     replayed = api.wait_for("durable_stream_subscription_backlog_records_sum", len(ids) - 1, start="cursor")
     assert replayed >= len(ids) - 1
     assert read_run(url, key, task_id, last_event_id="AQ" + ids[0][2:-2] + "zz").status == 400
-    api.wait_for("workflow_sse_resumes_total", 1, outcome="invalid_token")
+    api.wait_for("workflow_sse_resumes_total", 1, outcome="invalid_resume_token")
     assert read_run(url, key, "0" * 8 + "-0000-0000-0000-" + "0" * 12).status == 404
     api.wait_for("workflow_sse_resumes_total", 1, outcome="not_found")
 
@@ -115,7 +138,7 @@ def test_counters_move_as_runs_stream_resume_expire_and_fail(stack: tuple[Served
         durable_stream().admin.trim_topic(workflow_run_topic("workflow", messages[0].json["workflow_run_id"]), 1)
     expired = read_run(url, key, task_id, last_event_id=ids[0])
     assert expired.status == 410 and expired.error is not None and expired.error["code"] == "resume_cursor_expired"
-    api.wait_for("workflow_sse_resumes_total", 1, outcome="expired")
+    api.wait_for("workflow_sse_resumes_total", 1, outcome="resume_cursor_expired")
     api.wait_for("durable_stream_cursor_unavailable_total", 1, backend="sqlite", reason="trimmed")
 
     # A run fails (its model errs): counted by terminal status on the worker.

@@ -20,7 +20,7 @@ from api.core.app.apps.message_generator import EventBatch, Ping, Retry, StreamE
 from api.core.durable_stream import TopicCursor
 from api.libs import metrics
 from api.libs.resume_token import StreamSealer
-from api.services.delivery.framing import observe_lag
+from api.services.delivery.framing import observe_write
 
 PING = b"event: ping\n\n"
 
@@ -38,7 +38,7 @@ def sse_message(data: bytes, event_id: bytes | None = None, event: str | None = 
 
 
 def sse_messages(
-    items: Generator[StreamItem, None, None], *, resume_token: Callable[[TopicCursor], bytes]
+    items: Generator[StreamItem, None, None], *, resume_token: Callable[[TopicCursor], bytes], since: float = 0.0
 ) -> Generator[bytes, None, None]:
     """The SSE bytes of ``items``, one chunk per item; each event's cursor becomes its ``id:``
     through ``resume_token``.
@@ -47,21 +47,22 @@ def sse_messages(
     """
     try:
         for item in items:
-            yield sse_chunk(item, resume_token)
+            yield sse_chunk(item, resume_token, since)
             del item  # not kept while the next one is awaited
     finally:
         items.close()
 
 
-def sse_chunk(item: StreamItem, resume_token: Callable[[TopicCursor], bytes]) -> bytes:
-    """The SSE bytes of one item (one chunk); a write of events is one delivery-lag sample."""
+def sse_chunk(item: StreamItem, resume_token: Callable[[TopicCursor], bytes], since: float = 0.0) -> bytes:
+    """The SSE bytes of one item (one chunk); a write of events is one sample: of the delivery lag if
+    they were appended after ``since`` (the request's start, ``time.time()``), else of the replay."""
     if isinstance(item, StreamEvent):
         if item.stored is not None and metrics.enabled():
-            observe_lag(item)
+            observe_write(item, since)
         return event_message(item, resume_token)
     if isinstance(item, EventBatch):
         if item.events[0].stored is not None and metrics.enabled():
-            observe_lag(item.events[0])
+            observe_write(item.events[0], since, len(item.events))
         return b"".join([event_message(event, resume_token) for event in item.events])
     if isinstance(item, Ping):
         return PING
@@ -89,19 +90,20 @@ class SseFramer:
     """The SSE bytes of one response's items, its events' cursors sealed by ``sealer`` (a
     :class:`~api.services.delivery.Framer` for the shared writer)."""
 
-    __slots__ = ("_seal", "binding")
+    __slots__ = ("_seal", "_since", "binding")
 
     ping = PING
 
-    def __init__(self, sealer: StreamSealer) -> None:
+    def __init__(self, sealer: StreamSealer, *, since: float = 0.0) -> None:
         self._seal = sealer.seal_bytes
+        self._since = since
         self.binding = sealer.binding
 
     def event(self, event: StreamEvent) -> bytes:
         return event_message(event, self._seal)
 
     def item(self, item: StreamItem) -> bytes:
-        return sse_chunk(item, self._seal)
+        return sse_chunk(item, self._seal, self._since)
 
     def message(self, payload: bytes) -> bytes:
         return sse_message(payload)

@@ -8,6 +8,7 @@ cursors only).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Generator
 from typing import Any
 
@@ -67,8 +68,10 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
     """``GET …/workflow/<id>/events`` (the run's id or its task's): ``Last-Event-ID`` (header or query),
     ``continue_on_pause`` and ``include_state_snapshot``.
 
-    Every outcome is counted (``workflow_sse_resumes_total``): ``resumed`` (the stream starts),
-    ``invalid_token`` (400), ``expired`` (410), ``not_found`` (404), ``unavailable`` (503).
+    Every outcome is counted (``workflow_sse_resumes_total``): ``attached`` (the stream starts, without
+    ``Last-Event-ID``), ``resumed`` (it starts after one), or the code of the refusal:
+    ``invalid_resume_token`` (400), ``resume_cursor_expired`` / ``run_events_lost`` (410), ``not_found``
+    (404), ``unavailable`` (503).
 
     Raises:
         NotFoundError: (404) no such run of this app and user.
@@ -86,18 +89,19 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
             response = _run_events(app_model, run)
         except InvalidParamError as exc:
             if exc.code == "invalid_resume_token":
-                metrics.RESUMES.tally.add(("invalid_token",))
+                metrics.RESUMES.tally.add((exc.code,))
                 logger.info("run %s: a reconnect's resume token was refused (%s)", run.id, exc.code)
             raise
         except GoneError as exc:
-            metrics.RESUMES.tally.add(("expired",))
+            metrics.RESUMES.tally.add((exc.code,))
             logger.info("run %s: a reconnect came too late (%s)", run.id, exc.code)
             raise
         except ServiceUnavailableError as exc:
             metrics.RESUMES.tally.add(("unavailable",))
             logger.warning("run %s: a reconnect found the event stream unavailable (%s)", run.id, exc.code)
             raise
-    metrics.RESUMES.tally.add(("resumed",))
+    resumed = last_event_id() is not None and event_streams.resumable()
+    metrics.RESUMES.tally.add(("resumed" if resumed else "attached",))
     return response
 
 
@@ -159,6 +163,8 @@ def event_stream_response(
     # Bound once per response: the associated data and the AEAD object are reused for every event.
     ids = event_streams.RunIds.of(app_model, run)
     sealer = resume_token_codec().sealer(topic=ids.topic, app_id=app_model.id, end_user=run.end_user)
+    # Events appended before this moment are replayed, not delivered live (the lag metric is the live one's).
+    since = time.time()
     db.session.close()
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]  # the app, not its proxy
     config = app.config["APP_CONFIG"]
@@ -170,11 +176,11 @@ def event_stream_response(
             socket=socket,
             chunked=request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0",
             ids=ids,
-            framer=SseFramer(sealer),
+            framer=SseFramer(sealer, since=since),
             continue_on_pause=continue_on_pause,
         )
     else:
-        body = sse_messages(events, resume_token=sealer.seal_bytes)
+        body = sse_messages(events, resume_token=sealer.seal_bytes, since=since)
     # Passed through as it is: the chunks are bytes already, and werkzeug's encoding and closing
     # wrappers would add two layers to every chunk's way out (and to every parked stream's stack).
     return Response(

@@ -27,7 +27,7 @@ and errors to; none is set by default, and the library depends on no metrics pac
 from __future__ import annotations
 
 from ._backend import DurableStreamAdmin, DurableStreamBackend
-from ._connect import connect
+from ._connect import adapter_name, connect
 from ._contract import (
     CLOSED,
     Closed,
@@ -60,6 +60,7 @@ __all__ = [
     "TopicCursor",
     "TopicInfo",
     "TopicSealedError",
+    "adapter_name",
     "connect",
     "current_observer",
     "set_observer",

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ._backend import DurableStreamBackend
     from ._driver import Driver
 
-__all__ = ["SCHEMES", "connect", "redact_url"]
+__all__ = ["SCHEMES", "adapter_name", "connect", "redact_url"]
 
 #: URL scheme -> module (relative to this package) whose ``open_driver(url, options)`` builds a driver.
 #: Each is the ``driver`` module of an adapter sub-package (see :mod:`.adapters`), imported on first use.
@@ -34,6 +34,13 @@ SCHEMES: Mapping[str, str] = {
     "nats": ".adapters.nats.driver",
     "tls": ".adapters.nats.driver",
 }
+
+
+def adapter_name(url: str) -> str | None:
+    """The name of the adapter ``url`` opens (``postgresql+psycopg://…`` is ``postgres``), as observers see
+    it; ``None`` for an unknown scheme."""
+    module_name = SCHEMES.get(urllib.parse.urlsplit(url).scheme.lower())
+    return None if module_name is None else module_name.split(".")[2]
 
 
 def connect(url: str, **options: Any) -> DurableStreamBackend:

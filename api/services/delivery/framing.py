@@ -41,9 +41,16 @@ class Framer(Protocol):
         ...
 
 
-def observe_lag(event: StreamEvent) -> None:
-    """One delivery-lag sample from ``event``'s envelope (call only when metrics are on)."""
+def observe_write(event: StreamEvent, since: float = 0.0, events: int = 1) -> None:
+    """One sample for a write of ``events`` events led by ``event`` (call only when metrics are on): of
+    the delivery lag when it was appended after ``since`` (the client's request began: it is live), of
+    the replay otherwise (how many, and how old), so that resumes and late joins never read as lag."""
     assert event.stored is not None
     stamp = stamp_of(event.stored)
-    if stamp is not None:
-        metrics.observe_lag("broadcast_channel" if event.cursor is None else "durable_stream", stamp)
+    if stamp is None:
+        return
+    transport = "broadcast_channel" if event.cursor is None else "durable_stream"
+    if stamp >= since:
+        metrics.observe_lag(transport, stamp)
+    else:
+        metrics.observe_replay(transport, stamp, events)

@@ -55,7 +55,7 @@ from api.extensions.ext_event_bus import event_transport
 from api.libs import log_context, metrics
 
 from .endings import EndingLane
-from .framing import Framer, observe_lag
+from .framing import Framer, observe_write
 from .streams import COALESCE, EventStream, RunIds, follow, pause_moved_past
 from .watcher import RunWatcher, StreamWatch
 
@@ -306,7 +306,7 @@ class TopicWriter:
     def _send_events(self, client: Follower, delivery: _Delivery) -> None:
         wire, cursor, ends = delivery.for_client(client)
         if delivery.lag_sample is not None and metrics.enabled():
-            observe_lag(delivery.lag_sample)
+            observe_write(delivery.lag_sample)
         self._push(client, wire, cursor, ends=ends)
 
     def _push(self, client: Follower, wire: bytes, cursor: TopicCursor | None, *, ends: bool) -> None:
