@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 
 from durable_workflow_client import Client, HumanInputRequired
 from durable_workflow_client.cli import main
@@ -156,3 +157,34 @@ def test_the_installed_console_script(sdk: Sdk) -> None:
     assert events[-1]["data"]["outputs"]["greeting"].startswith("Hello Zed!")
     assert events == sdk.stored_events(events[0]["workflow_run_id"])
     assert subprocess.run([*command, "stop", "x"], env={**env, "DWE_APP_KEY": ""}, check=False).returncode == 2
+
+
+def test_help_lists_the_exit_codes() -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "durable_workflow_client.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for code, meaning in (("0", "succeeded"), ("1", "failed"), ("3", "stopped"), ("5", "could not be reached")):
+        assert any(line.split()[:1] == [code] and meaning in line for line in shown.splitlines()), shown
+
+
+def test_an_unreachable_server_fails_within_seconds_with_an_accurate_count() -> None:
+    from harness.processes import free_port
+
+    began = time.monotonic()
+    status, _, err = dwe(
+        "run", "--follow", "--base-url", f"http://127.0.0.1:{free_port()}", "--app-key", "app-x", "--max-attempts", "4",
+    )  # fmt: skip
+    assert status == 5 and time.monotonic() - began < 5, err
+    assert "gave up after 4 failed attempts" in err
+
+
+def test_output_without_a_terminal_never_wraps_an_id(sdk: Sdk) -> None:
+    env = {**os.environ, "DWE_BASE_URL": sdk.stack.urls[0], "DWE_APP_KEY": sdk.keys["greeting"], "COLUMNS": "40"}
+    printed = subprocess.run(
+        [sys.executable, "-m", "durable_workflow_client.cli", "run", "--inputs", '{"name": "Ada"}', "--follow"],
+        capture_output=True, text=True, env=env, check=False, timeout=60,
+    )  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    header = printed.stdout.splitlines()[0]
+    ids = header.split()
+    assert header.startswith("run ") and len(ids[1]) == 36 and len(ids[3]) == 36, printed.stdout

@@ -20,7 +20,7 @@ import time
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    #: Consecutive failed attempts after which the client gives up.
+    #: Consecutive failed attempts after which the client gives up (the first try counts as one).
     max_attempts: int = 8
     #: Seconds since the first of a run of consecutive failures after which the client gives up.
     max_elapsed: float = 120.0
@@ -58,7 +58,7 @@ class Backoff:
             self._first_failure = now
         self.failures += 1
         policy = self.policy
-        if self.failures > policy.max_attempts or now - self._first_failure > policy.max_elapsed:
+        if self.failures >= policy.max_attempts or now - self._first_failure > policy.max_elapsed:
             return None
         base = policy.initial_delay if self.server_retry is None else self.server_retry
         ceiling = min(policy.max_delay, base * policy.multiplier ** (self.failures - 1))

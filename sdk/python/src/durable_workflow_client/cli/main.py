@@ -28,8 +28,20 @@ from ..retry import RetryPolicy
 from ..sync_client import Client, EventStream
 from .view import RunView
 
+#: Columns of output that is not a terminal's: wide enough that nothing is ever wrapped.
+UNWRAPPED = 100_000
+#: Seconds of consecutive failures after which the CLI gives up.
+CLI_MAX_ELAPSED = 30.0
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_API_ERROR, EXIT_LOST, EXIT_PAUSED = 0, 1, 2, 3, 4, 5, 6
 DEFAULT_BASE_URL = "http://127.0.0.1:5001"
+EXIT_CODES = """exit status:
+  0  the run succeeded (or the command did what it was asked)
+  1  the run failed
+  2  a usage error
+  3  the run was stopped
+  4  the API refused the request (the error is printed)
+  5  the server could not be reached (again) within --max-attempts
+  6  the stream ended with the run paused (--until-pause ends there with 0)"""
 
 
 def _inputs(text: str) -> dict[str, Any]:
@@ -48,12 +60,22 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--app-key", default=os.environ.get("DWE_APP_KEY"), help="the app's API key ($DWE_APP_KEY)")
     common.add_argument("--user", default=os.environ.get("DWE_USER", "dwe"), help="the end user ($DWE_USER)")
     common.add_argument("--json", action="store_true", help="one JSON event per line instead of the live view")
-    common.add_argument("--max-attempts", type=int, default=8, help="failed reconnects in a row before giving up")
-    common.add_argument("--retry-delay", type=float, default=0.25, help="seconds before the first reconnect")
+    common.add_argument(
+        "--max-attempts", type=int, default=8, help="failed attempts in a row (the first included) before giving up"
+    )
+    common.add_argument("--retry-delay", type=float, default=0.25, help="seconds before the first retry")
+    common.add_argument(
+        "--max-retry-delay", type=float, default=1.0, help="the longest wait between attempts (default 1 s)"
+    )
     follow = argparse.ArgumentParser(add_help=False)
     follow.add_argument("--until-pause", action="store_true", help="end at a pause instead of waiting through it")
 
-    top = argparse.ArgumentParser(prog="dwe", description="Run and follow durable workflow runs.")
+    top = argparse.ArgumentParser(
+        prog="dwe",
+        description="Run and follow durable workflow runs.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = top.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", parents=[common, follow], help="start a run")
     run.add_argument("--inputs", type=_inputs, default={}, help='e.g. \'{"name": "Ada"}\'')
@@ -86,13 +108,20 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None, errors: Console | None = None) -> int:
     """The CLI; returns the exit status (the console script exits with it)."""
     args = parser().parse_args(argv)
-    out = console or Console()
+    # Without a terminal nothing is wrapped: an id cut in two cannot be copied or grepped.
+    out = console or (Console() if sys.stdout.isatty() else Console(width=UNWRAPPED, soft_wrap=True))
     err = errors or Console(stderr=True)
     if not args.app_key:
         err.print("dwe: an API key is required (--app-key or DWE_APP_KEY)")
         return EXIT_USAGE
     notes: list[ReconnectInfo] = []
-    retry = RetryPolicy(max_attempts=args.max_attempts, initial_delay=args.retry_delay)
+    # A person waits at a terminal: give an unreachable server a few seconds, not the library's minutes.
+    retry = RetryPolicy(
+        max_attempts=args.max_attempts,
+        initial_delay=args.retry_delay,
+        max_delay=max(args.max_retry_delay, args.retry_delay),
+        max_elapsed=CLI_MAX_ELAPSED,
+    )
     client = Client(args.base_url, args.app_key, retry=retry, on_reconnect=notes.append)
     try:
         with client:

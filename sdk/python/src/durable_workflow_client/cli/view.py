@@ -164,7 +164,8 @@ class RunView:
         if self.text:
             lines = self.text.splitlines() or [""]
             shown = "\n".join(lines if self.finished is not None else lines[-TEXT_LINES:])
-            parts.append(Panel(Text(shown), title="text", title_align="left", border_style="dim"))
+            # Not expanded: without a terminal the console is as wide as the longest line.
+            parts.append(Panel(Text(shown), title="text", title_align="left", border_style="dim", expand=False))
         if not self.settled:  # then the final status is printed once, after the view
             parts.append(self._state())
         return Group(*parts)
