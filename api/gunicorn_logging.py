@@ -99,7 +99,17 @@ _ATOMS: dict[str, Callable[[LazyAtoms], Any]] = {
 
 
 class AccessLogger(glogging.Logger):  # type: ignore[misc]  # gunicorn is untyped
-    """gunicorn's logger; its access lines compute only the atoms their format names."""
+    """gunicorn's logger; its access lines compute only the atoms their format names, and with
+    ``LOG_FORMAT=json`` (the default) its error and access lines are JSON objects like the app's."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        if os.environ.get("LOG_FORMAT", "json") != "json":
+            return
+        from api.extensions.ext_logging import JsonFormatter
+
+        for handler in [*self.error_log.handlers, *self.access_log.handlers]:
+            handler.setFormatter(JsonFormatter())
 
     def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: timedelta) -> None:
         if not self.access_log_enabled:

@@ -86,6 +86,7 @@ class Worker:
                 str(BIN / "celery"),
                 "-A",
                 app,
+                "--quiet",  # no banner: every line of the log is a log record (JSON with LOG_FORMAT=json)
                 "worker",
                 "--pool",
                 pool,
@@ -158,7 +159,7 @@ class Beat:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115  (closed in stop())
         self.process = subprocess.Popen(
-            [str(BIN / "celery"), "-A", app, "beat", "-l", "info"],
+            [str(BIN / "celery"), "-A", app, "--quiet", "beat", "-l", "info"],
             cwd=ROOT,
             env=process_env(env),
             stdout=self._log,

@@ -14,6 +14,7 @@ reads what the processes wrote (run rows, topics) for the caller's checks.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import signal
@@ -146,24 +147,35 @@ class GunicornServer:
         os.kill(pid, signal.SIGKILL)
         return pid
 
+    def access_lines(self) -> list[str]:
+        """The access log's lines as gunicorn formats them (the message of each JSON line, with JSON logs)."""
+        lines = []
+        with contextlib.suppress(FileNotFoundError):
+            for line in self.access_log.read_text().splitlines():
+                if line.startswith("{"):
+                    try:
+                        line = json.loads(line)["message"]
+                    except ValueError:  # the last line, still being written
+                        continue
+                lines.append(line)
+        return lines
+
     def served(self, path_fragment: str) -> Counter[str]:
         """How many requests whose path contains ``path_fragment`` each worker pid answered."""
         counts: Counter[str] = Counter()
-        with contextlib.suppress(FileNotFoundError):
-            for line in self.access_log.read_text().splitlines():
-                fields = line.split()
-                if len(fields) >= 3 and path_fragment in fields[2]:
-                    counts[fields[0]] += 1
+        for line in self.access_lines():
+            fields = line.split()
+            if len(fields) >= 3 and path_fragment in fields[2]:
+                counts[fields[0]] += 1
         return counts
 
     def statuses(self) -> Counter[int]:
         """HTTP status codes of every request in the access log."""
         counts: Counter[int] = Counter()
-        with contextlib.suppress(FileNotFoundError):
-            for line in self.access_log.read_text().splitlines():
-                fields = line.split()
-                if len(fields) >= 4 and fields[-1].isdigit():
-                    counts[int(fields[-1])] += 1
+        for line in self.access_lines():
+            fields = line.split()
+            if len(fields) >= 4 and fields[-1].isdigit():
+                counts[int(fields[-1])] += 1
         return counts
 
     def worker_timeouts(self) -> int:

@@ -105,7 +105,7 @@ def test_compose_services_healthchecks_and_startup_order() -> None:
         assert {"redis", "postgres"} <= set(services[name]["depends_on"]), name
     assert "-k" in services["api"]["command"] and "gevent" in services["api"]["command"]
     assert services["api"]["command"][:3] == ["gunicorn", "--config", "python:api.gunicorn_conf"]
-    assert services["worker"]["command"][3] == "worker" and services["beat"]["command"][3] == "beat"
+    assert services["worker"]["command"][4] == "worker" and services["beat"]["command"][4] == "beat"
 
 
 def test_compose_sets_only_real_settings_and_its_checks_and_scrapes_match_its_binds() -> None:

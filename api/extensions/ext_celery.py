@@ -10,6 +10,12 @@ from flask import Flask
 from api.configs import AppConfig
 
 
+def _broker_url(config: AppConfig) -> str:
+    # The filesystem broker has no host; naming the one kombu would fall back to keeps it from
+    # warning about it on every start.
+    return "filesystem://localhost//" if config.CELERY_BROKER_URL == "filesystem://" else config.CELERY_BROKER_URL
+
+
 def init_app(app: Flask, config: AppConfig) -> Celery:
     class FlaskTask(Task):  # type: ignore[misc]
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -18,7 +24,11 @@ def init_app(app: Flask, config: AppConfig) -> Celery:
 
     celery_app = Celery(app.name, task_cls=FlaskTask)
     settings: dict[str, Any] = {
-        "broker_url": config.CELERY_BROKER_URL,
+        # The filesystem broker has no host; naming the one kombu would fall back to keeps it from
+        # warning about it on every start.
+        "broker_url": "filesystem://localhost//"
+        if config.CELERY_BROKER_URL == "filesystem://"
+        else config.CELERY_BROKER_URL,
         "task_default_queue": config.CELERY_QUEUE,
         "task_ignore_result": True,
         # At least once: a message leaves the broker only when its attempt is over, and a worker

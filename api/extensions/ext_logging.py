@@ -12,14 +12,16 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import re
 import sys
+from collections.abc import Mapping
 
 from flask import Flask
 
 from api.configs import AppConfig
 from api.libs.log_context import RUN_FIELDS, RunFieldsFilter
 
-__all__ = ["JsonFormatter", "TextFormatter", "init_app"]
+__all__ = ["CeleryTaskFields", "JsonFormatter", "TextFormatter", "init_app"]
 
 _MARK = "_api_log_handler"
 
@@ -51,6 +53,26 @@ class TextFormatter(logging.Formatter):
         return f"{text} [{fields}]" if fields else text
 
 
+#: Celery's loggers whose lines are about one task (received, succeeded, failed, retried).
+_CELERY_TASK_LOGGERS = ("celery.app.trace", "celery.worker.strategy", "celery.worker.request")
+_RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+class CeleryTaskFields(logging.Filter):
+    """Celery's own lines about a workflow task carry the run's ids too: its task id is the run's
+    ``task_id`` (``api.services.task_queue``), and the run's id is the task's first argument."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name in _CELERY_TASK_LOGGERS and isinstance(record.args, Mapping):
+            task_id = record.args.get("id")
+            if isinstance(task_id, str) and getattr(record, "task_id", None) is None:
+                record.task_id = task_id
+            found = _RUN_ID.search(str(record.args.get("args", "")))
+            if found and getattr(record, "workflow_run_id", None) is None:
+                record.workflow_run_id = found.group(0)
+        return True
+
+
 def init_app(app: Flask, config: AppConfig) -> None:
     """One handler on the root logger (replacing the one an earlier app of this process installed)."""
     root = logging.getLogger()
@@ -61,7 +83,9 @@ def init_app(app: Flask, config: AppConfig) -> None:
     setattr(handler, _MARK, True)
     handler.setFormatter(JsonFormatter() if config.LOG_FORMAT == "json" else TextFormatter())
     handler.addFilter(RunFieldsFilter())
+    handler.addFilter(CeleryTaskFields())
     root.addHandler(handler)
+    logging.captureWarnings(True)  # Python's warnings (a library's, Celery's) as log records too
     logging.getLogger("api").setLevel(config.LOG_LEVEL.upper())
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)

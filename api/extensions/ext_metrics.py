@@ -19,6 +19,7 @@ import logging
 import os
 import pathlib
 import shutil
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -151,9 +152,10 @@ def require_serving(config: AppConfig) -> None:
     gunicorn's master with ``api.gunicorn_conf`` does (it sums its workers' files).
 
     Raises:
-        RuntimeError: The bind is set, and gunicorn runs without the project's config (or no gunicorn runs).
+        RuntimeError: The bind is set, and gunicorn runs without the project's config.
     """
-    if config.API_METRICS_BIND and os.environ.get("API_GUNICORN_CONF") != "1":
+    # Only a gunicorn server: the app module is also imported by `flask --app api.app create-app`.
+    if config.API_METRICS_BIND and "gunicorn" in sys.modules and os.environ.get("API_GUNICORN_CONF") != "1":
         raise RuntimeError(
             f"API_METRICS_BIND={config.API_METRICS_BIND} is set, but nothing serves the API's metrics: start gunicorn "
             "with --config python:api.gunicorn_conf (its master serves them), or unset API_METRICS_BIND"

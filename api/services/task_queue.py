@@ -25,13 +25,22 @@ def send_task(run: WorkflowRun, resume_form: Mapping[str, Any] | None = None) ->
     celery_app = current_app.extensions["celery"]
     config: AppConfig = current_app.config["APP_CONFIG"]
     attempt = {"attempt_id": run.attempt_id}
+    # Celery's own lines (received, succeeded) name the task by the run's task id, as the API does.
     if resume_form is None:
         celery_app.send_task(
-            "workflow_based_app_execution_task", args=[run.id], kwargs=attempt, queue=config.CELERY_QUEUE
+            "workflow_based_app_execution_task",
+            args=[run.id],
+            kwargs=attempt,
+            queue=config.CELERY_QUEUE,
+            task_id=run.task_id,
         )
     else:
         celery_app.send_task(
-            "resume_app_execution", args=[run.id, dict(resume_form)], kwargs=attempt, queue=config.CELERY_QUEUE
+            "resume_app_execution",
+            args=[run.id, dict(resume_form)],
+            kwargs=attempt,
+            queue=config.CELERY_QUEUE,
+            task_id=run.task_id,
         )
     if run.attempt_id is not None:
         try:

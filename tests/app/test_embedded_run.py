@@ -82,3 +82,11 @@ def test_embedded_defaults_serve_a_blocking_and_an_async_run(served: tuple[str, 
 
     wait_until(succeeded, 60, "the async run to succeed", interval=0.1)
     assert (pathlib.Path(env["VAR_DIR"]) / "streams.db").exists() and (pathlib.Path(env["VAR_DIR"]) / "app.db").exists()
+    # A healthy start warns about nothing (kombu used to, about the filesystem broker's missing host),
+    # and the worker's lines are log records, JSON by default.
+    worker_log = (pathlib.Path(env["VAR_DIR"]) / "worker.log").read_text(errors="replace")
+    assert "No hostname was supplied" not in worker_log
+    records = [json.loads(line) for line in worker_log.splitlines()]
+    # (Celery's warning about running as root is a true one: tests run as root here; the image does not.)
+    warnings = [r for r in records if r["level"] == "WARNING" and "superuser privileges" not in r["message"]]
+    assert records and not warnings, warnings

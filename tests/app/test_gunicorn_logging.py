@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 from datetime import timedelta
@@ -33,6 +34,12 @@ def _request(path: str = '/v1/workflow/a"b/events') -> tuple[Any, Any, dict[str,
     req = SimpleNamespace(headers=[("USER-AGENT", 'curl/8 "quoted"'), ("X-TRACE", "t-1")])
     resp = SimpleNamespace(status="200 OK", sent=1234, headers=[("Content-Type", "text/event-stream")])
     return resp, req, environ, timedelta(seconds=2, microseconds=345_678)
+
+
+@pytest.fixture(autouse=True)
+def _plain_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The access lines themselves are compared with gunicorn's: plain text unless a test asks for JSON.
+    monkeypatch.setenv("LOG_FORMAT", "text")
 
 
 def _line(logger_class: type[glogging.Logger], directory: pathlib.Path, fmt: str, request: Any) -> str:
@@ -69,3 +76,14 @@ def test_a_broken_format_fails_the_line_not_the_request(tmp_path: pathlib.Path) 
     # A number format for a text atom: logging reports it on stderr, as with gunicorn's logger.
     assert _line(AccessLogger, tmp_path, "%(h)d", _request()) == ""
     assert _line(glogging.Logger, tmp_path, "%(h)d", _request()) == ""
+
+
+def test_with_json_logs_an_access_line_is_a_json_object_around_gunicorns(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = _request()
+    plain = _line(glogging.Logger, tmp_path, EVERY_ATOM, request)
+    monkeypatch.setenv("LOG_FORMAT", "json")
+    line = json.loads(_line(AccessLogger, tmp_path, EVERY_ATOM, request))
+    assert line["logger"] == "gunicorn.access" and line["level"] == "INFO"
+    assert line["message"] == plain.rstrip("\n")
