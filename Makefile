@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install chromium node-deps lint docs test test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
+.PHONY: install chromium promtool node-deps lint docs test test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
 
 install: $(STAMP)
 
@@ -39,6 +39,14 @@ $(NODE_STAMP): $(NODE_DEPS)/package-lock.json
 	npm ci --no-audit --no-fund --prefix $(NODE_DEPS)
 	touch $@
 
+# promtool (Debian's prometheus package) for the alerting rules' unit tests (tests/test_alerts.py).
+PROMTOOL := /usr/bin/promtool
+
+promtool:
+	@test -x $(PROMTOOL) || { echo "installing Debian's prometheus package for promtool"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@test -x $(PROMTOOL) || { echo "$(PROMTOOL) is still missing: install Debian's prometheus package"; exit 1; }
+
 lint: install
 	$(BIN)/ruff check api tests bench harness tools sdk
 	$(BIN)/ruff format --check api tests bench harness tools sdk
@@ -58,7 +66,7 @@ docs: install
 # (ticks, blocked greenlets) must not share two cores with three other test processes.
 XDIST_WORKERS ?= 3
 
-test: lint chromium test-threads test-gevent
+test: lint chromium promtool test-threads test-gevent
 
 test-threads: install chromium node-deps
 	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile
