@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 import requests
-from playwright.sync_api import Page, Request
+from playwright.sync_api import Browser, Page, Request
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from sqlalchemy import select
 
@@ -313,3 +313,59 @@ def test_a_start_cut_before_its_answer_is_sent_again_and_makes_one_run(page: Pag
     assert len(posts) == 2 and len(keys) == 1, "the start is sent again with the same key"
     assert [event for _, event in run["events"]] == [event for _, event in stored_events(stack, run["runId"])]
     assert runs_with_input(stack, "idempotent", marker) == 1
+
+
+#: Cards and columns of the page that must fit the screen.
+CARDS = ("#start-form", "#attach-form", "#status-bar", "#pause", "#text", "#nodes", "#events")
+# Runs in the page: each card's box, and each control's that overflows the card it is in.
+LAYOUT = """
+(cards) => {
+  const box = (el) => { const r = el.getBoundingClientRect(); return [r.left, r.right]; };
+  const overflowing = [];
+  for (const selector of cards) {
+    const card = document.querySelector(selector);
+    if (!card || card.hidden || !card.offsetParent) continue;
+    const [left, right] = box(card);
+    for (const control of card.querySelectorAll("input, textarea, button, label, li, code")) {
+      const [l, r] = box(control);
+      if (l < left - 0.5 || r > right + 0.5) overflowing.push(`${selector} ${control.tagName}#${control.id}`);
+    }
+    if (left < 0 || right > window.innerWidth + 0.5) overflowing.push(`${selector} itself`);
+  }
+  return { overflowing, scrollWidth: document.documentElement.scrollWidth, width: window.innerWidth };
+}
+"""
+
+
+def test_the_demo_fits_a_phone_and_shows_a_pause_as_paused(
+    browser: Browser, stack: ServedStack, relay: TcpRelay, tmp_path: pathlib.Path
+) -> None:
+    context = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=1)
+    page = context.new_page()
+    try:
+        key = stack.create_app(slow_greeting(delay=0.005, tokens=40))
+        page.goto(f"{relay.url}/demo")
+        page.fill("#api-key", key)
+        page.click("#start")
+        wait_for_text(page, "#state", "paused")
+        layout = page.evaluate(LAYOUT, list(CARDS))
+        assert layout["scrollWidth"] <= layout["width"], layout  # nothing cut off at the side
+        assert layout["overflowing"] == [], layout["overflowing"]
+        # The node that waits for the form says so.
+        paused = page.eval_on_selector_all("#nodes li.status-paused", "rows => rows.map(r => r.textContent)")
+        assert len(paused) == 1 and "paused" in paused[0] and "running" not in paused[0], paused
+        before = page.eval_on_selector_all("#events li", "rows => rows.map(r => Number(r.dataset.connection))")
+        page.check("#human-approved")
+        page.click("#human-action-submit")
+        wait_for_text(page, "#state", "finished")
+        after = page.eval_on_selector_all("#events li", "rows => rows.map(r => Number(r.dataset.connection))")
+        # One count per run: the stream after the form goes on from the connections before it.
+        assert min(after[len(before) :]) > max(before), (before, after)
+        finished = page.eval_on_selector_all("#nodes li", "rows => rows.map(r => r.className)")
+        assert "status-paused" not in finished and finished.count("status-succeeded") == len(finished), finished
+        assert page.evaluate(LAYOUT, list(CARDS))["overflowing"] == []
+        screenshot = tmp_path / "demo-page-390.png"
+        page.screenshot(path=str(screenshot), full_page=True)
+        print(f"\nscreenshot of the demo page at 390 px: {screenshot}")
+    finally:
+        context.close()

@@ -12,6 +12,10 @@ const $ = (id) => document.getElementById(id);
 let current = null;
 let eventCount = 0;
 let reconnects = 0;
+/** Connections of the run's earlier streams (the module numbers each stream's own from 0). */
+let connectionBase = 0;
+/** The highest connection number shown so far. */
+let lastConnection = -1;
 /** @type {Map<string, HTMLLIElement>} */
 const nodeRows = new Map();
 
@@ -58,11 +62,13 @@ function onEvent(event, meta) {
   li.dataset.seq = String(eventCount);
   li.dataset.event = event.event;
   li.dataset.id = meta.id;
-  li.dataset.connection = String(meta.connection);
+  const connection = connectionBase + meta.connection;
+  lastConnection = Math.max(lastConnection, connection);
+  li.dataset.connection = String(connection);
   li.dataset.payload = JSON.stringify(event);
   const id = document.createElement("span");
   id.className = "id";
-  id.textContent = ` #${meta.connection} ${meta.id.slice(0, 10)}…`;
+  id.textContent = ` #${connection} ${meta.id.slice(0, 10)}…`;
   li.append(event.event + describe(event), id);
   $("events").append(li);
   if (event.workflow_run_id) $("run-id").textContent = event.workflow_run_id;
@@ -85,16 +91,20 @@ function render(event) {
   if (event.event === "text_chunk") {
     $("text").textContent += data.text;
   } else if (event.event === "node_started") {
-    const li = document.createElement("li");
+    // A resumed node starts again under the same execution id: its row, not a second one.
+    const li = nodeRows.get(data.id) || document.createElement("li");
+    li.className = "status-running";
+    li.dataset.nodeId = data.node_id;
     li.textContent = `${data.title || data.node_id} (${data.node_type}) running…`;
     nodeRows.set(data.id, li);
-    $("nodes").append(li);
+    if (!li.isConnected) $("nodes").append(li);
   } else if (event.event === "node_finished") {
     const li = nodeRows.get(data.id) || document.createElement("li");
     if (!li.isConnected) $("nodes").append(li);
     li.className = `status-${data.status}`;
     li.textContent = `${data.title || data.node_id} (${data.node_type}) ${data.status} in ${(data.elapsed_time * 1000).toFixed(0)} ms`;
   } else if (event.event === "human_input_required") {
+    markPaused(data);
     showForm(data);
   } else if (event.event === "human_input_form_filled" || event.event === "human_input_form_timeout") {
     hideForm();
@@ -111,6 +121,15 @@ function render(event) {
     pre.textContent = JSON.stringify(data.error ? { error: data.error } : data.outputs, null, 2);
     box.append(h2, pre);
   }
+}
+
+/** The node a form belongs to waits for it: its row says so (not "running…"). @param {OpenForm} form */
+function markPaused(form) {
+  const rows = [...nodeRows.values()].filter((li) => li.dataset.nodeId === form.node_id);
+  const li = rows[rows.length - 1];
+  if (!li) return;
+  li.className = "status-paused";
+  li.textContent = `${form.node_title || form.node_id} (human-input) paused: waiting for its form`;
 }
 
 /** @param {OpenForm} form */
@@ -204,6 +223,7 @@ function callbacks() {
 /** @param {import("../static/durable-workflow/resumable-events.js").RunStream} stream */
 async function settle(stream) {
   current = stream;
+  connectionBase = lastConnection + 1;  // a stream that follows the run on counts on from the last one
   try {
     const outcome = await stream.done;
     if (outcome.status === "paused") {
@@ -233,6 +253,8 @@ async function settle(stream) {
 function reset() {
   eventCount = 0;
   reconnects = 0;
+  connectionBase = 0;
+  lastConnection = -1;
   nodeRows.clear();
   openForm = null;
   for (const id of ["events", "nodes", "notes", "text", "human-fields", "human-actions"]) $(id).textContent = "";
