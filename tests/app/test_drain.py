@@ -76,6 +76,60 @@ def stored(stack: ServedStack, run_id: str) -> list[dict[str, Any]]:
     return events
 
 
+def start_runs(stack: ServedStack, key: str) -> list[str]:
+    return [
+        requests.post(
+            f"{stack.urls[0]}/v1/workflows/run",
+            json={"inputs": {"name": f"c{index}"}, "user": "u1", "response_mode": "async"},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        ).json()["workflow_run_id"]
+        for index in range(CLIENTS)
+    ]
+
+
+def follow(stack: ServedStack, key: str, run_id: str) -> tuple[list[dict[str, Any]], int]:
+    """A client that reads the run from its start, and resumes after each drained response."""
+    url = stack.urls[0]
+    events, ids, tail = read(f"{url}/v1/workflow/{run_id}/events?user=u1&include_state_snapshot=true", key)
+    drained = 0
+    while not events or events[-1]["event"] != "workflow_finished":
+        found = RETRY.search(tail)
+        assert found, f"a stream ended without its run's end or a retry: {tail!r}"
+        assert 250 <= int(found.group(1)) <= 1500
+        drained += 1
+        time.sleep(int(found.group(1)) / 1000)  # as a client does: the server said when to come back
+        more, more_ids, tail = read(f"{url}/v1/workflow/{run_id}/events?user=u1", key, last_event_id=ids[-1])
+        events, ids = events + more, ids + more_ids
+    return events, drained
+
+
+def test_a_reload_hands_every_stream_to_the_new_workers(stack: ServedStack) -> None:
+    key = stack.create_app(slow_greeting(delay=0.02, tokens=400))
+    runs = start_runs(stack, key)
+    server = stack.servers[0]
+    old = set(server.worker_pids())
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        followed = [pool.submit(follow, stack, key, run_id) for run_id in runs]
+        wait_until(
+            lambda: all(len(stored(stack, run_id)) > 20 for run_id in runs), 30, "every run to stream to its client"
+        )
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGHUP)  # gunicorn starts new workers, then stops the old ones
+        reloaded = time.monotonic()
+        wait_until(lambda: not old & set(server.worker_pids()), 15, "the old workers to exit")
+        took = time.monotonic() - reloaded
+        results = [future.result() for future in followed]
+    assert took < 5, f"the reload took {took:.1f} s"
+    # Clients on the old workers were drained (a client served by a new one already is not); one that
+    # came back before its old worker closed its listener (within a second) may be drained again there.
+    counts = [drained for _, drained in results]
+    assert sum(counts) >= 1 and max(counts) <= 3, counts
+    for run_id, (events, _) in zip(runs, results, strict=True):
+        assert events == stored(stack, run_id), "a resumed client's copy differs from the stored run"
+    assert 500 not in stack.statuses()
+
+
 def test_a_stopping_worker_hands_its_streams_to_another(stack: ServedStack) -> None:
     key = stack.create_app(slow_greeting(delay=0.02, tokens=400))  # about 8 s of text per run
     url = stack.urls[0]
