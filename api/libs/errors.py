@@ -69,7 +69,8 @@ class ServiceUnavailableError(ServiceError):
     status = 503
     code = "stream_unavailable"
     #: Outages of a store or the queue are usually short: a client should come back soon, not at once.
-    retry_after = 2
+    #: Under gunicorn's 2 s keep-alive, so a client that waits it out can still reuse its connection.
+    retry_after = 1
 
 
 #: What a client is told when the event stream's store cannot be reached (the detail goes to the log).

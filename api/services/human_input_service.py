@@ -51,10 +51,7 @@ def definition(form: HumanInputForm) -> dict[str, Any]:
     return {
         "form_content": shown["form_content"],
         "inputs": shown["inputs"],
-        "resolved_default_values": {
-            name: value if isinstance(value, str) else str(value)
-            for name, value in shown["resolved_default_values"].items()
-        },
+        "resolved_default_values": shown["resolved_default_values"],  # strings already (forms.default_values)
         "user_actions": shown["actions"],
         "expiration_time": shown["expiration_time"],
     }
@@ -127,7 +124,7 @@ def answer(
         _, action = check_submission(node, inputs, action)
     except InvalidSubmissionError as exc:
         raise InvalidParamError(str(exc), code="invalid_form_data") from exc
-    _await_pause(run)
+    _await_pause(app, form, run)
     if not form_store.submit(form.id, action):
         db.session.refresh(form)
         db.session.refresh(run)
@@ -177,14 +174,23 @@ def submit_by_run(app: App, run_id: str, payload: Any) -> WorkflowRun:
         raise ConflictError(f"the run's form is no longer open ({exc.code})", code="workflow_not_paused") from exc
 
 
-def _await_pause(run: WorkflowRun) -> None:
-    """Wait (briefly) until the worker has recorded the pause whose form is being answered."""
+def _await_pause(app: App, form: HumanInputForm, run: WorkflowRun) -> None:
+    """Wait (briefly) until the worker has recorded the pause whose form is being answered.
+
+    A form answered meanwhile by someone else is that answer's 412 (its run goes on, or has ended).
+    """
     deadline = time.monotonic() + PAUSE_WAIT
     while run.status == WorkflowRunStatus.RUNNING.value and time.monotonic() < deadline:
         time.sleep(0.05)
         db.session.commit()  # end the read transaction: the next read must see the worker's update
         db.session.refresh(run)
+        db.session.refresh(form)
+        if form.status != HumanInputFormStatus.WAITING.value:
+            _check_open(app, form, run)
     if run.run_status.is_terminal:
+        db.session.refresh(form)
+        if form.status != HumanInputFormStatus.WAITING.value:
+            _check_open(app, form, run)
         raise _expired()
     if run.status != WorkflowRunStatus.PAUSED.value:
         raise ConflictError(f"the run is {run.status}, not paused", code="workflow_not_paused")

@@ -25,23 +25,13 @@ def send_task(run: WorkflowRun, resume_form: Mapping[str, Any] | None = None) ->
     celery_app = current_app.extensions["celery"]
     config: AppConfig = current_app.config["APP_CONFIG"]
     attempt = {"attempt_id": run.attempt_id}
+    name, args = (
+        ("workflow_based_app_execution_task", [run.id])
+        if resume_form is None
+        else ("resume_app_execution", [run.id, dict(resume_form)])
+    )
     # Celery's own lines (received, succeeded) name the task by the run's task id, as the API does.
-    if resume_form is None:
-        celery_app.send_task(
-            "workflow_based_app_execution_task",
-            args=[run.id],
-            kwargs=attempt,
-            queue=config.CELERY_QUEUE,
-            task_id=run.task_id,
-        )
-    else:
-        celery_app.send_task(
-            "resume_app_execution",
-            args=[run.id, dict(resume_form)],
-            kwargs=attempt,
-            queue=config.CELERY_QUEUE,
-            task_id=run.task_id,
-        )
+    celery_app.send_task(name, args=args, kwargs=attempt, queue=config.CELERY_QUEUE, task_id=run.task_id)
     if run.attempt_id is not None:
         try:
             run_store.mark_queued(run.id, run.attempt_id)

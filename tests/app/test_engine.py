@@ -194,3 +194,15 @@ def test_cycles_are_refused() -> None:
     }
     with pytest.raises(WorkflowDefinitionError, match="cycle"):
         Graph(graph)
+
+
+def test_form_defaults_are_resolved_to_strings_as_dify_clients_read_them() -> None:
+    graph = copy.deepcopy(GREETING)
+    graph["nodes"][3]["form"] = [
+        {"name": "approved", "type": "boolean", "default": False},
+        {"name": "note", "default": "ok"},
+    ]
+    _, events = run_engine(graph, {"name": "Ada", "mood": "formal"})
+    form = events[-2]["data"]
+    assert form["resolved_default_values"] == {"approved": "false", "note": "ok"}
+    assert form["inputs"][0]["default"] == {"type": "constant", "value": False}

@@ -81,8 +81,13 @@ def form_content(node: Node) -> str:
     return "\n".join(lines) + "\n"
 
 
-def default_values(node: Node) -> dict[str, Any]:
-    return {field["name"]: field["default"] for field in node.config.get("form", []) if "default" in field}
+def default_values(node: Node) -> dict[str, str]:
+    """Each field's default, resolved to a string as Dify's clients read them (JSON for a non-string)."""
+    return {
+        field["name"]: value if isinstance(value := field["default"], str) else json.dumps(value)
+        for field in node.config.get("form", [])
+        if "default" in field
+    }
 
 
 def public_form(node: Node, ticket: FormTicket) -> dict[str, Any]:

@@ -222,7 +222,7 @@ def _tail(
     try:
         subscription.__enter__()
         # The run may have ended between reading its row and subscribing: then its end is behind the tail.
-        latest = db.session.get(WorkflowRun, run.id)
+        latest = db.session.get(WorkflowRun, run.id, populate_existing=True)
         db.session.commit()
     except BaseException:
         subscription.close()
