@@ -23,21 +23,19 @@ def create_app(config: AppConfig | None = None) -> Flask:
         ext_durable_stream,
         ext_event_bus,
         ext_redis,
-        ext_resume_token,
     )
 
     ext_database.init_app(app, config)
     ext_redis.init_app(app, config)
     ext_durable_stream.init_app(app, config)
     ext_event_bus.init_app(app, config)  # after ext_redis and ext_durable_stream, which it uses
-    ext_resume_token.init_app(app, config)
     ext_celery.init_app(app, config)
 
     from api.libs import request_limits
     from api.services.delivery.runtime import init_app as init_delivery
 
     request_limits.init_app(app, config)
-    init_delivery(app, config)  # the process's run watcher and shared writers, built once
+    init_delivery(app, config)  # the process's token codec, run watcher and shared writers, built once
 
     import api.tasks  # noqa: F401  (registers the Celery tasks)
     from api.controllers.browser import bp as browser_bp

@@ -33,6 +33,21 @@ def test_pings_fall_due_after_the_last_thing_sent_and_idleness_after_the_last_ev
     assert rules.nothing(175.0) is Idle.END
 
 
+def test_a_writer_s_clients_are_idle_from_their_join_when_it_came_after_the_last_event() -> None:
+    # The shared writer keeps one loop (its last event, its last write) for every client it serves.
+    writer = ReadLoop(terminal=frozenset(), now=100.0, ping_interval=10, idle_timeout=60)
+    assert writer.event(None, 100.0) is Next.GO_ON  # the writer ends no stream by an event itself
+    assert writer.wait(130.0, joined=140.0) == 0  # a ping is overdue at 110: wake now
+    assert writer.ping_due(130.0)
+    assert not writer.ping_due(135.0)  # the ping counted as sent at 130
+    assert writer.idle_over(160.0, joined=90.0)  # joined before the last event: idle since 100
+    assert not writer.idle_over(160.0, joined=140.0)  # joined at 140: idle until 200
+    assert writer.wait(195.0, joined=140.0) == 0  # a ping due at 140 comes first
+    assert writer.ping_due(195.0)
+    assert writer.wait(195.0, joined=140.0) == 5  # then its idle end at 200
+    assert writer.idle_over(200.0, joined=140.0)
+
+
 def test_a_reader_from_the_beginning_must_find_the_start_first() -> None:
     rules = loop(first_event="workflow_started")
     with pytest.raises(IncompleteRunError, match="'text_chunk'"):

@@ -19,9 +19,9 @@ from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED
 from api.extensions.ext_durable_stream import durable_stream
-from api.extensions.ext_resume_token import resume_token_codec
 from api.models import WorkflowRun
 from api.models.engine import db
+from api.services.delivery import current_runtime
 from harness.served_stack import ServedStack
 
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
@@ -78,7 +78,7 @@ def open_tokens(stack: ServedStack, run_id: str, tokens: list[str]) -> list[str]
     assert row is not None
     topic = workflow_run_topic("workflow", run_id)
     with stack.app.app_context():
-        codec = resume_token_codec()
+        codec = current_runtime().tokens
         return [codec.open(token, topic=topic, app_id=row["app_id"], end_user=row["end_user"]) for token in tokens]
 
 

@@ -16,7 +16,6 @@ from flask import Flask, Response, current_app, request
 
 from api.controllers.common.sse import SSE_HEADERS, SseFramer, sse_messages
 from api.core.durable_stream import TopicCursor
-from api.extensions.ext_resume_token import resume_token_codec
 from api.libs import log_context, metrics
 from api.libs.errors import GoneError, InvalidParamError, NotFoundError, ServiceUnavailableError
 from api.libs.resume_token import InvalidResumeTokenError
@@ -25,7 +24,7 @@ from api.models.engine import db
 from api.services import delivery as event_streams
 from api.services import idempotency
 from api.services import workflow_run_service as runs
-from api.services.delivery import EventStream
+from api.services.delivery import EventStream, current_runtime
 from api.services.run_recovery import run_log_fields
 
 logger = logging.getLogger(__name__)
@@ -138,7 +137,7 @@ def last_event_id() -> str | None:
 def open_resume_token(app_model: App, run: WorkflowRun, token: str) -> TopicCursor:
     """The cursor sealed in ``token``, which must have been issued for this run's topic, app and user."""
     try:
-        cursor = resume_token_codec().open(
+        cursor = current_runtime().tokens.open(
             token, topic=runs.topic_name(app_model, run), app_id=app_model.id, end_user=run.end_user
         )
     except InvalidResumeTokenError as exc:
@@ -162,7 +161,7 @@ def event_stream_response(
     """
     # Bound once per response: the associated data and the AEAD object are reused for every event.
     ids = event_streams.RunIds.of(app_model, run)
-    sealer = resume_token_codec().sealer(topic=ids.topic, app_id=app_model.id, end_user=run.end_user)
+    sealer = current_runtime().tokens.sealer(topic=ids.topic, app_id=app_model.id, end_user=run.end_user)
     # Events appended before this moment are replayed, not delivered live (the lag metric is the live one's).
     since = time.time()
     db.session.close()

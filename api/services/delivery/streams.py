@@ -15,7 +15,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
 from flask import current_app
@@ -38,7 +38,6 @@ from api.core.app.apps.message_generator import (
 )
 from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, DurableStreamError, TopicCursor
 from api.extensions.ext_durable_stream import retention_max_age
-from api.extensions.ext_event_bus import event_transport
 from api.libs import log_context, metrics
 from api.libs.errors import STREAM_FAILED_RUN, STREAM_UNAVAILABLE, GoneError, ServiceUnavailableError
 from api.models import App, WorkflowRun, WorkflowRunStatus
@@ -67,9 +66,19 @@ EVENTS_LOST_MESSAGE = (
 EventStream = Generator[StreamItem, None, None]
 
 
+#: Where the runtime puts its transport getter for the streams (which the runtime's writers import).
+TRANSPORT_KEY = "delivery_transport"
+
+
 def _config() -> AppConfig:
     config: AppConfig = current_app.config["APP_CONFIG"]
     return config
+
+
+def current_transport() -> WorkflowEventTransport:
+    """The event transport of this process, as its :class:`~.runtime.DeliveryRuntime` hands it out."""
+    source: Callable[[], WorkflowEventTransport] = current_app.extensions[TRANSPORT_KEY]
+    return source()
 
 
 def resumable() -> bool:
@@ -96,7 +105,7 @@ def run_streaming(app: App, run: WorkflowRun) -> EventStream:
         ServiceUnavailableError: The stream store or the task queue is unavailable; the run failed.
     """
     try:
-        subscription = MessageGenerator.retrieve_events(event_transport(), runs.topic_name(app, run), StartAt.TAIL)
+        subscription = MessageGenerator.retrieve_events(current_transport(), runs.topic_name(app, run), StartAt.TAIL)
         subscription.__enter__()
     except DurableStreamError as exc:
         logger.warning("run %s: the event stream is unavailable, the run is not started: %s", run.id, exc)
@@ -141,7 +150,7 @@ def reconnect(
             return _only(PING, _event_of_row(run))  # what comes next is its end alone: no store needed
         # Inside the mapping: a process's first use of the store opens its connection, which an
         # outage at that moment fails like any later call.
-        transport = event_transport()
+        transport = current_transport()
         if not transport.resumable:
             cursor = None
         if cursor is None and not snapshot:
@@ -271,7 +280,7 @@ def follow(ids: RunIds, cursor: TopicCursor, *, continue_on_pause: bool) -> Even
     ``stream_unavailable``), as it is for a failure while following.
     """
     try:
-        subscription = MessageGenerator.retrieve_events(event_transport(), ids.topic, cursor)
+        subscription = MessageGenerator.retrieve_events(current_transport(), ids.topic, cursor)
     except DurableStreamError as exc:
         return _only(_unavailable_notice(ids.run_id, exc))
     try:

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 from flask import Flask
 
 from api.core.app.apps.event_codec import encode_event, event_name
-from api.core.app.apps.event_transport import StreamMessage
+from api.core.app.apps.event_transport import StreamMessage, WorkflowEventTransport
 from api.core.app.apps.message_generator import (
     EventBatch,
     MessageGenerator,
@@ -51,7 +51,6 @@ from api.core.app.apps.message_generator import (
 )
 from api.core.app.apps.read_loop import Next, ReadLoop
 from api.core.durable_stream import CLOSED, TopicCursor
-from api.extensions.ext_event_bus import event_transport
 from api.libs import log_context, metrics
 
 from .endings import EndingLane
@@ -165,8 +164,13 @@ class TopicWriter:
         self._ring: list[_Framed] = []
         self._ring_start = 0  # the sequence number of the ring's first event
         self._sequence: dict[TopicCursor, int] = {}
-        self._last_event = time.monotonic()
-        self._last_write = self._last_event
+        #: The writer's pings and idle ends, by the rules of a client reading alone, with each client's join time.
+        self._loop = ReadLoop(
+            terminal=frozenset(),
+            now=time.monotonic(),
+            ping_interval=registry.ping_interval,
+            idle_timeout=registry.idle_timeout,
+        )
         self._watch: StreamWatch | None = None
         self._stale_pause = False  # the last event delivered is a pause already followed by more
 
@@ -198,7 +202,7 @@ class TopicWriter:
 
     # The writer's own greenlet.
 
-    def run(self, app: Flask, ping_interval: float, idle_timeout: float) -> None:
+    def run(self, app: Flask) -> None:
         """Follow the topic for the clients until none is left, the topic ends, or reading it fails."""
         ids = self._ids
         fields = log_context.fields_of(
@@ -208,11 +212,11 @@ class TopicWriter:
         watcher = None
         try:
             with app.app_context(), log_context.bound(fields):
-                subscription = MessageGenerator.retrieve_events(event_transport(), ids.topic, self.position)
+                subscription = MessageGenerator.retrieve_events(self._registry.transport(), ids.topic, self.position)
                 subscription.__enter__()
                 watcher = self._registry.watcher
                 self._watch = watcher.watch(ids.run_id, subscription, live_only=False)
-                self._follow(subscription, ping_interval, idle_timeout)
+                self._follow(subscription)
         except Exception as exc:  # every client reads on alone, and meets the failure itself
             logger.info("run %s: the shared writer stopped: %s", ids.run_id, exc)
         finally:
@@ -226,21 +230,21 @@ class TopicWriter:
             if subscription is not None:
                 subscription.close()
 
-    def _follow(self, subscription: Any, ping_interval: float, idle_timeout: float) -> None:
+    def _follow(self, subscription: Any) -> None:
         clock = time.monotonic
+        loop = self._loop
         pending: StreamMessage | None = None
         while self.clients:
             if pending is not None:
                 item: Any = pending
                 pending = None
             else:
-                due = min(self._last_write + ping_interval, self._idle_deadline(idle_timeout))
-                item = subscription.receive(timeout=max(due - clock(), 0.0))
+                first = next(iter(self.clients))  # the one that joined first times out first
+                item = subscription.receive(timeout=loop.wait(clock(), joined=first.joined_at))
             if item is None:
                 now = clock()
-                self._end_idle(now, idle_timeout)
-                if now - self._last_write >= ping_interval and self.clients:
-                    self._last_write = now
+                self._end_idle(now)
+                if self.clients and loop.ping_due(now):
                     for client in list(self.clients):
                         self._push(client, self._ping_wires[client.chunked], client.cursor, ends=False)
                 continue
@@ -272,7 +276,7 @@ class TopicWriter:
                 if step is Next.ASK_ROW:
                     step = ReadLoop.row_says(moved_past=pause_moved_past(self._ids.run_id, batch[-1].payload))
                 stale_pause = step is Next.GO_ON
-            self._last_event = self._last_write = clock()
+            loop.event(None, clock())
             self._stale_pause = stale_pause
             delivery = _Delivery(framed, pause_ends=not stale_pause)
             for client in list(self.clients):
@@ -338,13 +342,9 @@ class TopicWriter:
         else:
             self._registry.finish(client, outcome)
 
-    def _idle_deadline(self, idle_timeout: float) -> float:
-        first = next(iter(self.clients), None)  # the one that joined first times out first
-        return max(first.joined_at if first else 0.0, self._last_event) + idle_timeout
-
-    def _end_idle(self, now: float, idle_timeout: float) -> None:
-        for client in list(self.clients):
-            if max(client.joined_at, self._last_event) + idle_timeout > now:
+    def _end_idle(self, now: float) -> None:
+        for client in list(self.clients):  # in the order they joined: the first ones time out first
+            if not self._loop.idle_over(now, joined=client.joined_at):
                 break
             self._release(client, ENDED)
 
@@ -367,10 +367,19 @@ class TopicWriter:
 class SharedWriters:
     """This process's writers, by topic, app and user (part of its :class:`~.runtime.DeliveryRuntime`)."""
 
-    def __init__(self, app: Flask, watcher: RunWatcher, *, ping_interval: float, idle_timeout: float) -> None:
+    def __init__(
+        self,
+        app: Flask,
+        watcher: RunWatcher,
+        transport: Callable[[], WorkflowEventTransport],
+        *,
+        ping_interval: float,
+        idle_timeout: float,
+    ) -> None:
         self._app = app
         self.watcher = watcher
-        self._ping_interval, self._idle_timeout = ping_interval, idle_timeout
+        self.transport = transport
+        self.ping_interval, self.idle_timeout = ping_interval, idle_timeout
         self._writers: dict[tuple[str, bytes], TopicWriter] = {}
         self._endings = EndingLane()
 
@@ -391,7 +400,7 @@ class SharedWriters:
         self._writers[key] = writer
         metrics.WRITERS_OPEN.tally.add(())
         writer.join(client, cursor)
-        gevent.spawn(writer.run, self._app, self._ping_interval, self._idle_timeout)
+        gevent.spawn(writer.run, self._app)
         return True
 
     def drain(self, retry_ms: Callable[[], int]) -> int:

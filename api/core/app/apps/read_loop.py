@@ -5,7 +5,10 @@ stream_topic_events``) and the shared writer of a run (``api.services.delivery.w
 rules below are written once and unit-tested event by event (``tests/app/test_read_loop.py``):
 
 - **Pings and idleness.** A ping is due ``ping_interval`` after the last thing sent; the stream ends
-  ``idle_timeout`` after the last event. :meth:`ReadLoop.wait` says how long a reader may block.
+  ``idle_timeout`` after the last event. :meth:`ReadLoop.wait` says how long a reader may block. A
+  shared writer keeps one loop for all its clients and passes each client's join time as
+  ``joined``: a client that joined after the last event is idle from its join, as it would be from
+  the start of its own stream.
 - **The first event.** A reader from the beginning of a run must find ``workflow_started`` first
   (else :class:`IncompleteRunError`: what is left of a run is not the run).
 - **Terminal events.** ``workflow_finished`` ends the stream; so does ``workflow_paused`` for a
@@ -71,18 +74,27 @@ class ReadLoop:
     def stops_at_pauses(self) -> bool:
         return PAUSED in self._terminal
 
-    def wait(self, now: float) -> float:
+    def wait(self, now: float, *, joined: float = 0.0) -> float:
         """Seconds the reader may block for its next item before a ping or its idle end is due."""
-        return max(min(self._last_sent + self._ping_interval, self._last_event + self._idle_timeout) - now, 0.0)
+        idle_end = max(self._last_event, joined) + self._idle_timeout
+        return max(min(self._last_sent + self._ping_interval, idle_end) - now, 0.0)
 
     def nothing(self, now: float) -> Idle:
         """Nothing arrived: end the idle stream, ping (counted as sent), or wait on."""
-        if now - self._last_event >= self._idle_timeout:
+        if self.idle_over(now):
             return Idle.END
-        if now - self._last_sent >= self._ping_interval:
-            self._last_sent = now
-            return Idle.PING
-        return Idle.WAIT
+        return Idle.PING if self.ping_due(now) else Idle.WAIT
+
+    def idle_over(self, now: float, *, joined: float = 0.0) -> bool:
+        """Whether a stream (one that joined at ``joined``) has gone ``idle_timeout`` without an event."""
+        return now - max(self._last_event, joined) >= self._idle_timeout
+
+    def ping_due(self, now: float) -> bool:
+        """Whether a ping is due; if so it counts as sent now."""
+        if now - self._last_sent < self._ping_interval:
+            return False
+        self._last_sent = now
+        return True
 
     def event(self, name: str | None, now: float) -> Next:
         """An event was read (it will be sent).
