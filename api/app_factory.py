@@ -48,6 +48,10 @@ def create_app(config: AppConfig | None = None) -> Flask:
     app.register_blueprint(web_bp)
     app.register_blueprint(browser_bp)
     app.register_blueprint(health_bp)
+    if config.DURABLE_STREAMS_GATEWAY_PREFIX.strip("/"):
+        from api.controllers.durable_streams import create_blueprint
+
+        app.register_blueprint(create_blueprint(config.DURABLE_STREAMS_GATEWAY_PREFIX))
     app.register_error_handler(Exception, http_error_response)
     _register_commands(app)
     return app

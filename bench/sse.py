@@ -27,6 +27,27 @@ processes' own CPU (the busiest one, as a share of one core), to show the client
 
 The table is printed; figures go to ``bench/results/sse-<date>.json`` and the charts (p99 and CPU per
 delivery against N) to ``docs/images/sse-capacity-*.png``.
+
+**Herds and deploys** (issue 28; ``--scenario herd|deploy``, the code in ``bench/sse_herd.py`` and
+``bench/sse_herd_load.py``, whose docstrings define every figure): the runs are already streaming
+(``--rate`` probe tokens a second, default 1, long enough to outlast the measurement) when the
+clients arrive open loop at ``--arrival-rate`` a second; ``--cursor-share`` of them (default half)
+start with ``Last-Event-ID`` of a real event from the middle of their run, the others replay it from
+its start (``include_state_snapshot=true``). Clients honour ``503`` + ``Retry-After``, resume a stream
+that ends without ``workflow_finished`` with ``Last-Event-ID`` (after the server's ``retry:``), and
+check exactly once over all their streams. ``herd`` (``--workers`` default 1) reports the time from a
+client's first attempt to being level with its run's live tail and append → client once level;
+``deploy`` (``--workers`` default 4) then ``kill -HUP``s the master and SIGKILLs one worker
+(``--events hup,kill``, ``--gap`` s apart) and reports, per event, the time from each affected
+stream's end to level again. For example::
+
+    python -m bench.sse --scenario herd --clients 10000 --arrival-rate 1000
+    python -m bench.sse --scenario herd --clients 2000 --arrival-rate 400 --cursor-share 0   # issue 28's observation
+    python -m bench.sse --scenario deploy --clients 10000 --workers 4
+
+Results go to ``bench/results/sse-<date>-<scenario or --tag>.json``; the herd's chart (the share of
+clients level against time) to ``docs/images/sse-herd-time-to-level.png`` (``--chart-from`` redraws it
+from several results files).
 """
 
 from __future__ import annotations
@@ -532,7 +553,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="durable,broadcast")
     parser.add_argument("--runs", type=int, default=40, help="concurrently streaming runs (default 40)")
     parser.add_argument("--tokens", type=int, default=10, help="probe events per run (default 10)")
-    parser.add_argument("--rate", type=float, default=0.5, help="probe events per second per run (default 0.5)")
+    parser.add_argument(
+        "--rate", type=float, default=None, help="probe events per second per run (default 0.5; herd/deploy 1)"
+    )
     parser.add_argument("--idle", type=float, default=None, help="seconds of the idle measurement (default 20)")
     parser.add_argument("--load-processes", type=int, default=4, help="client processes (default 4)")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE app setting for the stack (repeatable)")
@@ -558,7 +581,39 @@ def main(argv: list[str] | None = None) -> None:
         help="serve without gunicorn's access log, as bin/run and compose do (5xx then counted by the clients only)",
     )
     parser.add_argument("--tag", default="", help="suffix of the results file (sse-<date>-<tag>.json)")
+    herd = parser.add_argument_group("herds and deploys (--scenario herd|deploy; see bench/sse_herd.py)")
+    herd.add_argument(
+        "--scenario",
+        choices=("capacity", "herd", "deploy"),
+        default="capacity",
+        help="capacity (the default: clients on paused runs), herd (clients arrive on streaming runs) or deploy",
+    )
+    herd.add_argument("--arrival-rate", type=float, default=1000.0, help="clients arriving per second (open loop)")
+    herd.add_argument("--workers", type=int, default=None, help="gunicorn gevent workers (herd 1, deploy 4)")
+    herd.add_argument(
+        "--cursor-share", type=float, default=0.5, help="share of clients starting with a mid-run Last-Event-ID"
+    )
+    herd.add_argument("--warmup", type=float, default=20.0, help="seconds the runs stream before the first client")
+    herd.add_argument("--level-wait", type=float, default=20.0, help="seconds after the arrival to wait for level")
+    herd.add_argument("--steady", type=float, default=None, help="seconds of steady streaming (herd 20, deploy 10)")
+    herd.add_argument("--events", default="hup,kill", help="deploy: the events in order (hup, kill)")
+    herd.add_argument("--gap", type=float, default=25.0, help="deploy: seconds after each event")
+    herd.add_argument(
+        "--reconnect-ms", type=float, default=500.0, help="a client's reconnection time until a retry: sets one"
+    )
+    herd.add_argument(
+        "--chart-from",
+        nargs="+",
+        type=pathlib.Path,
+        metavar="JSON",
+        help="draw the herd chart from these results files' rows, measure nothing",
+    )
     args = parser.parse_args(argv)
+    if args.chart_from or args.scenario != "capacity":
+        herd_main(args, argv)
+        return
+    if args.rate is None:
+        args.rate = 0.5
 
     clients = (
         [int(n) for n in args.clients.split(",")]
@@ -626,6 +681,81 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_charts and not args.quick and not args.tag:
         for chart in charts(rows):
             print(f"chart: {chart.relative_to(ROOT)}")
+
+
+def herd_main(args: argparse.Namespace, argv: list[str] | None) -> None:
+    """``--scenario herd|deploy`` (and ``--chart-from``): rows of ``bench.sse_herd.measure_scenario``."""
+    from . import sse_herd
+
+    if args.chart_from:
+        drawn = [row for path in args.chart_from for row in json.loads(path.read_text())["rows"] if "error" not in row]
+        print(f"chart: {sse_herd.herd_chart(drawn, IMAGES / 'sse-herd-time-to-level.png').relative_to(ROOT)}")
+        return
+    scenario = args.scenario
+    workers = args.workers or (4 if scenario == "deploy" else 1)
+    steady = args.steady if args.steady is not None else (10.0 if scenario == "deploy" else 20.0)
+    rate = args.rate if args.rate is not None else 1.0
+    counts = [int(n) for n in args.clients.split(",")] if args.clients else [1000 if args.quick else 10000]
+    events = tuple(name for name in args.events.split(",") if name)
+    extra_env = dict(item.split("=", 1) for item in args.env)
+    hard = raise_open_files()
+    info = machine()
+    info["open_files_limit"] = hard
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--short", "api/"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.splitlines()
+    print(
+        f"SSE {scenario}: clients {counts} at {args.arrival_rate:g}/s, {workers} worker(s), {args.runs} runs at "
+        f"{rate:g} probe/s, {args.cursor_share:.0%} with a cursor; {info['nproc']} CPUs; code {commit[:7]}"
+        f"{' + uncommitted api/ changes' if dirty else ''}",
+        flush=True,
+    )
+    rows: list[dict[str, Any]] = []
+    with _timer() as timer:
+        for count in counts:
+            try:
+                row = sse_herd.measure_scenario(
+                    scenario,
+                    count,
+                    arrival_rate=args.arrival_rate,
+                    workers=workers,
+                    runs=args.runs,
+                    rate=rate,
+                    cursor_share=args.cursor_share,
+                    warmup=args.warmup,
+                    level_wait=args.level_wait,
+                    steady=steady,
+                    events=events,
+                    gap=args.gap,
+                    load_processes=args.load_processes,
+                    reconnect_ms=args.reconnect_ms,
+                    extra_env=extra_env,
+                    access_log=not args.no_access_log,
+                )
+            except Exception as exc:  # one size failing must not lose the others
+                row = {"scenario": scenario, "clients": count, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            rows.append(row)
+            print(" | ".join(sse_herd.herd_cells(row)), flush=True)
+    print()
+    print(sse_herd.markdown_tables(rows))
+    results = {
+        "machine": info,
+        "command": " ".join(["python -m bench.sse", *(argv if argv is not None else sys.argv[1:])]),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": commit,
+        "api_changes": dirty,
+        "env": extra_env,
+        "rows": rows,
+        "seconds": round(timer.get("seconds", 0.0), 1),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = f"-{args.tag}" if args.tag else f"-{scenario}"
+    path = RESULTS / f"sse-{datetime.date.today().isoformat()}{suffix}.json"
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"\nresults: {path.relative_to(ROOT)}")
+    if scenario == "herd" and not args.no_charts:
+        print(f"chart: {sse_herd.herd_chart(rows, IMAGES / 'sse-herd-time-to-level.png').relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -141,6 +141,11 @@ class GunicornServer:
             ]
         return []
 
+    def reload(self) -> None:
+        """``kill -HUP`` the master: gunicorn starts new workers, then stops the old ones (SIGTERM, a drain)."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGHUP)
+
     def kill_worker(self, pid: int | None = None) -> int:
         """SIGKILL one worker (not the master, which starts a new one); returns its pid."""
         pid = pid if pid is not None else self.worker_pids()[0]
