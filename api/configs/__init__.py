@@ -160,6 +160,28 @@ class AppConfig(BaseSettings):
             return self.DEMO_PAGE_ENABLED
         return self.SECRET_KEY == DEVELOPMENT_SECRET_KEY
 
+    DURABLE_STREAMS_GATEWAY_PREFIX: str = Field(
+        default="",
+        description="Mount the Durable Streams protocol gateway in the API under this path (e.g. /durable-streams); "
+        "empty: not mounted (api/durable_streams_app.py serves it on its own at /).",
+    )
+    DURABLE_STREAMS_GATEWAY_ANONYMOUS: bool = Field(
+        default=False,
+        description="Let requests without an API key create, read, append to and delete streams outside /apps/ "
+        "and /runs/ on the gateway (off: 401).",
+    )
+    DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS: float = Field(
+        default=20, gt=0, description="How long a gateway long-poll waits for data (then 204), and SSE keep-alives."
+    )
+    DURABLE_STREAMS_GATEWAY_SSE_MAX_SECONDS: float = Field(
+        default=300, gt=0, description="A gateway SSE response ends after this long; clients resume from their offset."
+    )
+    DURABLE_STREAMS_GATEWAY_MAX_APPEND_BYTES: int = Field(
+        default=512 * 1024, ge=1, description="Largest body a gateway append or create accepts (then 413)."
+    )
+    DURABLE_STREAMS_GATEWAY_MAX_READ_BYTES: int = Field(
+        default=1024 * 1024, ge=1, description="A gateway read returns records up to about this many bytes at once."
+    )
     WEB_WORKER_CONNECTIONS: int = Field(
         default=10000,
         ge=1,

@@ -279,6 +279,24 @@ RETENTION_SWEEPS = _metric(
     known=_each("ok", "failed"),
 )
 
+# The Durable Streams gateway's (api/controllers/durable_streams).
+GATEWAY_REQUESTS = _metric(
+    "durable_streams_gateway_requests_total",
+    "counter",
+    "Durable Streams protocol requests by method and HTTP status.",
+    "method",
+    "status",
+    roles=frozenset({API}),
+)
+GATEWAY_SECONDS = _metric(
+    "durable_streams_gateway_request_seconds",
+    "histogram",
+    "Time to answer a Durable Streams protocol request (to its headers; SSE and long-poll bodies excluded).",
+    "method",
+    buckets=LATENCY_BUCKETS,
+    roles=frozenset({API}),
+)
+
 METRICS: tuple[Metric, ...] = (
     APPENDS,
     APPEND_SECONDS,
@@ -299,6 +317,8 @@ METRICS: tuple[Metric, ...] = (
     WATCHDOG_STOPS,
     RETENTION_REMOVED,
     RETENTION_SWEEPS,
+    GATEWAY_REQUESTS,
+    GATEWAY_SECONDS,
 )
 
 _enabled = False

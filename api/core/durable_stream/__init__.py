@@ -41,12 +41,14 @@ from ._contract import (
     TopicCursor,
     TopicSealedError,
 )
+from ._cursor import CursorPosition
 from ._driver import TopicInfo
 from ._observer import DurableStreamObserver, current_observer, set_observer
 
 __all__ = [
     "CLOSED",
     "Closed",
+    "CursorPosition",
     "CursorUnavailableError",
     "DurableStreamAdmin",
     "DurableStreamBackend",

@@ -15,7 +15,7 @@ from ._contract import (
     TopicCursor,
     TopicSealedError,
 )
-from ._cursor import CursorCodec
+from ._cursor import CursorCodec, CursorPosition
 from ._driver import Driver, Position, TopicHead, TopicInfo
 from ._engine import DEFAULT_BUFFER_SIZE, Engine
 from ._observer import APPEND_OK, APPEND_SEALED, APPEND_UNAVAILABLE, DurableStreamObserver
@@ -115,6 +115,37 @@ class DurableStreamAdmin:
     def enforce_retention(self) -> int:
         """Apply the configured ``max_records`` / ``max_age_seconds``; return how many records were removed."""
         return self._engine.call(self._engine.driver.enforce_retention)
+
+    def create_topic(self, name: str) -> TopicInfo:
+        """Create the topic if it does not exist (an empty, unsealed incarnation) and return its info."""
+        name = validate_topic_name(name)
+        head = self._engine.call(lambda: self._engine.driver.head(name, create=True))
+        info = self._engine.call(lambda: self._engine.driver.topic_info(name))
+        if head is None or info is None:
+            raise DurableStreamUnavailableError(f"topic {name!r} could not be created")
+        return info
+
+    def cursor_position(self, name: str, cursor: TopicCursor) -> CursorPosition:
+        """The incarnation (``TopicInfo.epoch``) and ordinal of the record ``cursor`` resumes after.
+
+        For gateways that must expose ordered positions (cursors themselves are unordered): the
+        ordinal of a record is its place in the topic, ``1`` for the first record ever appended.
+
+        Raises:
+            CursorUnavailableError: ``cursor`` is not a cursor of this topic (malformed or foreign).
+        """
+        return CursorCodec(self._engine.driver.identity, validate_topic_name(name)).position(cursor)
+
+    def cursor_after(self, name: str, epoch: str, ordinal: int) -> TopicCursor:
+        """A cursor that resumes strictly after ordinal ``ordinal`` of incarnation ``epoch`` (``0``: the start).
+
+        The inverse of :meth:`cursor_position`. Nothing is checked here: a subscription from the cursor
+        raises ``CursorUnavailableError`` when the incarnation is gone or the ordinal no longer retained.
+        """
+        if ordinal < 0:
+            raise ValueError("ordinal must not be negative")
+        codec = CursorCodec(self._engine.driver.identity, validate_topic_name(name))
+        return codec.encode(epoch, ordinal, "")
 
 
 class _Producer(DurableStreamProducer):

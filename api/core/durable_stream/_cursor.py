@@ -18,7 +18,7 @@ from ._contract import CursorUnavailableError, TopicCursor
 from ._driver import Position
 from ._observer import REASON_FOREIGN, REASON_MALFORMED
 
-__all__ = ["CursorCodec", "DecodedCursor"]
+__all__ = ["CursorCodec", "CursorPosition", "DecodedCursor"]
 
 _VERSION = "1"
 _HEADER = struct.Struct(">8sQ")  # topic digest, ordinal
@@ -32,6 +32,18 @@ _URLSAFE = bytes.maketrans(b"+/", b"-_")
 class DecodedCursor:
     epoch: str
     position: Position
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CursorPosition:
+    """Where a cursor points, as ``DurableStreamAdmin.cursor_position`` reports it.
+
+    ``epoch`` names the topic's incarnation (as ``TopicInfo.epoch``); ``ordinal`` is the ordinal of the
+    record the cursor resumes after (``0``: before the first record).
+    """
+
+    epoch: str
+    ordinal: int
 
 
 class CursorCodec:
@@ -92,6 +104,11 @@ class CursorCodec:
         except UnicodeDecodeError as exc:
             raise CursorUnavailableError("malformed cursor", reason=REASON_MALFORMED) from exc
         return DecodedCursor(epoch=epoch, position=Position(ordinal, native))
+
+    def position(self, cursor: object) -> CursorPosition:
+        """The epoch and ordinal of a cursor this codec produced; raises as :meth:`decode` does."""
+        decoded = self.decode(cursor)
+        return CursorPosition(decoded.epoch, decoded.position.ordinal)
 
 
 def _checksum(body: bytes) -> bytes:

@@ -1,0 +1,40 @@
+"""The Durable Streams gateway on its own: ``gunicorn -k gevent api.durable_streams_app:app``.
+
+Serves the protocol at ``/`` over ``DURABLE_STREAM_URL`` (the same settings as the API; the app
+database is used only to check API keys and find workflow runs). The API itself can mount the same
+blueprint under ``DURABLE_STREAMS_GATEWAY_PREFIX`` instead.
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from api.configs import AppConfig
+
+
+def create_gateway_app(config: AppConfig | None = None) -> Flask:
+    config = config or AppConfig()
+    app = Flask("durable_streams_gateway")
+    app.config["SECRET_KEY"] = config.SECRET_KEY
+    app.config["APP_CONFIG"] = config
+
+    from api.controllers.durable_streams import create_blueprint
+    from api.extensions import ext_database, ext_durable_stream
+
+    ext_database.init_app(app, config)
+    ext_durable_stream.init_app(app, config)
+    app.register_blueprint(create_blueprint(""))
+    return app
+
+
+def _serving_app() -> Flask:
+    from api.extensions import ext_logging, ext_metrics
+
+    app = create_gateway_app()
+    ext_logging.init_app(app, app.config["APP_CONFIG"])
+    ext_metrics.require_serving(app.config["APP_CONFIG"])
+    ext_metrics.start(app.config["APP_CONFIG"], "api")
+    return app
+
+
+app = _serving_app()

@@ -1,0 +1,218 @@
+"""Read answers: catch-up, long-poll and SSE, built from a stream and the ordinal a client is after."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import math
+import random
+import re
+import time
+from collections.abc import Iterator
+
+from api.core.app.apps.event_codec import unstamped
+
+from .errors import gone
+from .json_mode import join_fragments
+from .offsets import BEGINNING, NOW, Offset, epoch_tag
+from .reading import Record
+from .streams import Stream, StreamRegistry
+
+__all__ = ["ReadResult", "catch_up", "long_poll", "resolve_after", "response_cursor", "sse_events"]
+
+#: Cursors (``Stream-Cursor``) count 20-second intervals from this instant, as the protocol suggests,
+#: so that CDN caches of one interval collapse identical long-polls.
+_CURSOR_EPOCH = 1728432000.0  # 2024-10-09T00:00:00Z
+_CURSOR_INTERVAL = 20
+_READ_TIMEOUT = 10.0
+_LINE_BREAKS = re.compile(r"\r\n|\r|\n")
+
+
+@dataclasses.dataclass(slots=True)
+class ReadResult:
+    status: int
+    body: bytes
+    headers: dict[str, str]
+
+
+def resolve_after(stream: Stream, offset: Offset) -> int:
+    """The ordinal after which a read starts; 410 for an offset of another incarnation or behind retention."""
+    info = stream.info
+    if offset is BEGINNING:
+        return info.first_ordinal - 1
+    if offset is NOW:
+        return info.last_ordinal
+    if offset.tag == 0:
+        after = 0
+    elif offset.tag == epoch_tag(info.epoch):
+        after = min(offset.ordinal, info.last_ordinal)
+    elif any(offset.tag == tag and offset.ordinal <= last for tag, last in stream.meta.inherited_tags):
+        after = offset.ordinal
+    else:
+        raise gone("the offset belongs to another incarnation of this stream")
+    if after < info.first_ordinal - 1:
+        raise gone("the offset is behind what the stream retains")
+    return after
+
+
+def response_cursor(client_cursor: str | None) -> str:
+    current = int((time.time() - _CURSOR_EPOCH) // _CURSOR_INTERVAL)
+    try:
+        client = int(client_cursor) if client_cursor else -1
+    except ValueError:
+        client = -1
+    if client < current:
+        return str(current)
+    # A client already at (or past) this interval: move it on by 1 s to 1 h so it never repeats a cursor.
+    return str(client + max(1, math.ceil(random.randint(1, 3600) / _CURSOR_INTERVAL)))
+
+
+def payload_of(stream: Stream, record: Record) -> bytes:
+    return unstamped(record.payload) if stream.run else record.payload
+
+
+def body_of(stream: Stream, records: list[Record]) -> bytes:
+    payloads = [payload_of(stream, record) for record in records]
+    return join_fragments(payloads) if stream.json else b"".join(payloads)
+
+
+def _etag(stream: Stream, start: str, end: str, closed: bool) -> str:
+    path = base64.b64encode(stream.path.encode()).decode()
+    return f'"{path}:{start}:{end}{":c" if closed else ""}"'
+
+
+def catch_up(
+    registry: StreamRegistry, stream: Stream, start: str, after: int, max_bytes: int, if_none_match: str | None
+) -> ReadResult:
+    records = stream.reader(registry.backend).read(after, stream.tail, max_bytes, _READ_TIMEOUT)
+    last = records[-1].ordinal if records else max(after, stream.tail if after >= stream.tail else after)
+    up_to_date = last >= stream.tail
+    headers = {"Content-Type": stream.content_type, "Stream-Next-Offset": stream.offset(last)}
+    if up_to_date:
+        headers["Stream-Up-To-Date"] = "true"
+    closed = stream.closed and up_to_date
+    if closed:
+        headers["Stream-Closed"] = "true"
+    etag = _etag(stream, start, headers["Stream-Next-Offset"], closed)
+    headers["ETag"] = etag
+    if if_none_match is not None and if_none_match == etag:
+        return ReadResult(304, b"", {"ETag": etag})
+    return ReadResult(200, body_of(stream, records), headers)
+
+
+def long_poll(
+    registry: StreamRegistry, stream: Stream, after: int, cursor: str | None, timeout: float, max_bytes: int
+) -> ReadResult:
+    """Records after ``after``, waiting up to ``timeout`` for the first (204 when none come)."""
+    if after < stream.tail:
+        result = catch_up(registry, stream, "", after, max_bytes, None)
+        result.headers.pop("ETag", None)
+        result.headers["Stream-Cursor"] = response_cursor(cursor)
+        return result
+    headers = {"Stream-Next-Offset": stream.offset(after), "Stream-Up-To-Date": "true"}
+    if stream.closed:
+        headers["Stream-Closed"] = "true"
+        return ReadResult(204, b"", headers)
+    reader = stream.reader(registry.backend)
+    records: list[Record] = []
+    with reader.open(after) as subscription:
+        first = reader.receive(subscription, timeout)
+        if first is not None:
+            records.append(first)
+            size = len(first.payload)
+            while size < max_bytes and (following := reader.receive(subscription, 0)) is not None:
+                records.append(following)
+                size += len(following.payload)
+    headers["Stream-Cursor"] = response_cursor(cursor)
+    current = registry.refresh(stream)
+    if not records:
+        if current.closed:
+            headers["Stream-Closed"] = "true"
+        return ReadResult(204, b"", headers)
+    last = records[-1].ordinal
+    headers = {
+        "Content-Type": stream.content_type,
+        "Stream-Next-Offset": stream.offset(last),
+        "Stream-Cursor": headers["Stream-Cursor"],
+    }
+    if last >= current.tail:
+        headers["Stream-Up-To-Date"] = "true"
+        if current.closed:
+            headers["Stream-Closed"] = "true"
+    return ReadResult(200, body_of(stream, records), headers)
+
+
+def _sse(event: str, data: str) -> bytes:
+    lines = _LINE_BREAKS.split(data)
+    return (f"event: {event}\n" + "".join(f"data:{line}\n" for line in lines) + "\n").encode()
+
+
+def _control(offset: str, *, cursor: str | None, up_to_date: bool, closed: bool) -> bytes:
+    body: dict[str, object] = {"streamNextOffset": offset}
+    if closed:
+        body["streamClosed"] = True
+    else:
+        body["streamCursor"] = cursor or ""
+        if up_to_date:
+            body["upToDate"] = True
+    return _sse("control", json.dumps(body, separators=(",", ":")))
+
+
+def sse_data(stream: Stream, record: Record, binary: bool) -> bytes:
+    payload = payload_of(stream, record)
+    if binary:
+        return _sse("data", base64.b64encode(payload).decode())
+    if stream.json:
+        return _sse("data", join_fragments([payload]).decode("utf-8", "replace"))
+    return _sse("data", payload.decode("utf-8", "replace"))
+
+
+def sse_events(
+    registry: StreamRegistry,
+    stream: Stream,
+    after: int,
+    cursor: str | None,
+    *,
+    binary: bool,
+    keepalive: float,
+    max_duration: float,
+) -> Iterator[bytes]:
+    """Every record after ``after`` as a data event, each followed by a control event; then live ones.
+
+    Ends after the control event that says the stream is closed, or after ``max_duration`` (the client
+    reconnects from its last offset).
+    """
+    reader = stream.reader(registry.backend)
+    deadline = time.monotonic() + max_duration
+    position = after
+    tail = stream.tail
+    closed = stream.closed
+    with reader.open(after) as subscription:
+        if position >= tail:
+            yield _control(stream.offset(position), cursor=response_cursor(cursor), up_to_date=True, closed=closed)
+            if closed:
+                return
+        while time.monotonic() < deadline:
+            record = reader.receive(subscription, keepalive if position >= tail else _READ_TIMEOUT)
+            if record is None:
+                current = registry.refresh(stream)
+                tail, closed = current.tail, current.closed
+                if position >= tail:
+                    yield _control(
+                        stream.offset(position), cursor=response_cursor(cursor), up_to_date=True, closed=closed
+                    )
+                    if closed:
+                        return
+                continue
+            position = record.ordinal
+            if position >= tail:
+                current = registry.refresh(stream)
+                tail, closed = current.tail, current.closed
+            at_tail = position >= tail
+            # One write for the pair: a client that stops reading after the data event still has its control.
+            yield sse_data(stream, record, binary) + _control(
+                stream.offset(position), cursor=response_cursor(cursor), up_to_date=at_tail, closed=closed and at_tail
+            )
+            if closed and at_tail:
+                return

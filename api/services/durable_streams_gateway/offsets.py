@@ -1,0 +1,66 @@
+"""Protocol offsets: ``<ordinal>_<incarnation>``, both 16 decimal digits.
+
+The Durable Streams protocol compares offsets as strings (a later record's offset is greater), so the
+ordinal comes first, zero-padded. The second half names the topic's incarnation (a digest of its
+``TopicInfo.epoch``): an offset from a deleted and re-created stream is recognised and refused rather
+than resolved against other data. Within one stream that half never changes, so it does not disturb
+the ordering. ``0000000000000000_0000000000000000`` is the protocol's "before everything" (forks send
+it), valid in every incarnation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+
+__all__ = ["BEGINNING", "NOW", "Offset", "OffsetError", "epoch_tag", "format_offset", "parse_offset"]
+
+_DIGITS = 16
+_TAG_SPACE = 10**_DIGITS - 1
+_PATTERN = re.compile(r"(\d{16})_(\d{16})")
+ZERO = "0" * _DIGITS + "_" + "0" * _DIGITS
+
+
+class OffsetError(ValueError):
+    """The offset is not one the gateway could have produced (a 400)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Offset:
+    """A parsed offset: ``tag`` 0 means "before everything" in any incarnation."""
+
+    ordinal: int
+    tag: int
+
+
+#: ``offset=-1`` (and the all-zero offset): from the first record.
+BEGINNING = Offset(0, 0)
+#: ``offset=now``: from the tail as of the request.
+NOW = Offset(-1, -1)
+
+
+def epoch_tag(epoch: str) -> int:
+    """The incarnation half of an offset: never 0, which the protocol's zero offset uses."""
+    digest = hashlib.blake2b(epoch.encode(), digest_size=8).digest()
+    tag: int = 1 + int.from_bytes(digest, "big") % _TAG_SPACE
+    return tag
+
+
+def format_offset(ordinal: int, epoch: str) -> str:
+    return f"{ordinal:0{_DIGITS}d}_{epoch_tag(epoch):0{_DIGITS}d}"
+
+
+def parse_offset(text: str) -> Offset:
+    """Parse a client's ``offset`` (``-1``, ``now`` or one of ours); raise :class:`OffsetError` otherwise."""
+    if text == "-1":
+        return BEGINNING
+    if text == "now":
+        return NOW
+    match = _PATTERN.fullmatch(text)
+    if match is None:
+        raise OffsetError("malformed offset")
+    ordinal, tag = int(match.group(1)), int(match.group(2))
+    if tag == 0 and ordinal != 0:
+        raise OffsetError("malformed offset")
+    return Offset(ordinal, tag)
