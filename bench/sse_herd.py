@@ -544,7 +544,9 @@ def summarize(
     latencies = [tenths / 10 for part in done for tenths in part.get("latencies", [])]
     by_second: Counter[int] = Counter()
     notices: Counter[str] = Counter()
+    refusal_codes: Counter[str] = Counter()
     for part in done:
+        refusal_codes.update(part.get("refusals", {}))
         by_second.update({int(second): count for second, count in part.get("events_by_second", {}).items()})
         notices.update(part.get("notices", {}))
     outcomes = Counter(record["outcome"] for record in records)
@@ -604,6 +606,26 @@ def summarize(
         "failed": outcomes["failed"],
         "failures": dict(failures),
         "refusals_503": sum(record["refused"] for record in records),
+        "refusal_codes": dict(refusal_codes),
+        # The same figures for the clients with a cursor and for those replaying from the start.
+        "by_start": {
+            kind: {
+                "clients": len(group),
+                "refused_then_served": sum(1 for record in group if record["outcome"] == "refused_served"),
+                "failed": sum(1 for record in group if record["outcome"] == "failed"),
+                "time_to_level_s": _quantiles(
+                    [
+                        math.inf if record["time_to_level"] is None else record["time_to_level"]
+                        for record in group
+                        if record["outcome"] != "failed"
+                    ]
+                ),
+            }
+            for kind, group in (
+                ("cursor", [record for record in records if record["index"] in cursor_positions]),
+                ("snapshot", [record for record in records if record["index"] not in cursor_positions]),
+            )
+        },
         "statuses": {str(status): count for status, count in sorted(statuses.items())},
         "connect_errors": sum(record["connect_errors"] for record in records),
         "resumes": sum(record["resumes"] for record in records),

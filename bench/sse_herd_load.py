@@ -53,6 +53,7 @@ from typing import Any
 PROBE = re.compile(rb'"text":"p(\d+)@(\d+\.\d+)')
 TEXT_CHUNK = b'data: {"event":"text_chunk"'
 FINISHED = b'data: {"event":"workflow_finished"'
+CODE = re.compile(rb'"code":\s*"([^"]+)"')
 
 #: The fields of a client's record, in order.
 RECORD = (
@@ -80,6 +81,8 @@ class Totals:
         self.latencies: list[int] = []
         self.events_by_second: Counter[int] = Counter()
         self.notices: Counter[str] = Counter()
+        #: The ``code`` of each 503 answer's body.
+        self.refusals: Counter[str] = Counter()
         self.records: list[list[Any]] = []
         self.level = 0
         self.finished = 0
@@ -167,6 +170,10 @@ class Client:
                 self.statuses.append(status)
                 if status == 503:
                     self.refused += 1
+                    with contextlib.suppress(OSError, TimeoutError):
+                        body = await asyncio.wait_for(reader.read(2048), timeout=5)
+                        code = CODE.search(body)
+                        self.totals.refusals[code[1].decode() if code else "?"] += 1
                     await asyncio.sleep(retry_after + random.uniform(0, job["jitter_s"]))
                     continue
                 if status != 200:
@@ -333,6 +340,7 @@ async def main_async(job: dict[str, Any]) -> None:
                 "latencies": totals.latencies,
                 "events_by_second": {str(second): count for second, count in totals.events_by_second.items()},
                 "notices": dict(totals.notices),
+                "refusals": dict(totals.refusals),
             }
         ),
         flush=True,
