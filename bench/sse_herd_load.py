@@ -157,6 +157,8 @@ class Client:
                     reader, writer = await asyncio.open_connection(job["host"], job["port"], limit=1 << 22)
                     writer.write(self.request())
                     status_line = await reader.readline()
+                    if not status_line:  # closed before an answer (a worker stopping): a network error
+                        raise ConnectionResetError("closed before the status line")
                     status = int(status_line.split()[1]) if status_line.startswith(b"HTTP/") else 0
                     retry_after = 1.0
                     while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
