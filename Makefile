@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install chromium promtool node-deps lint docs test test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
+.PHONY: install chromium promtool node-deps conformance-deps test-conformance lint docs test test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
 
 install: $(STAMP)
 
@@ -39,6 +39,16 @@ $(NODE_STAMP): $(NODE_DEPS)/package-lock.json
 	npm ci --no-audit --no-fund --prefix $(NODE_DEPS)
 	touch $@
 
+# The Durable Streams conformance suite and client, exactly as locked (tests/conformance); stamped the same way.
+CONFORMANCE_DEPS := tests/conformance
+CONFORMANCE_STAMP := $(CONFORMANCE_DEPS)/node_modules/.package-lock.json
+
+conformance-deps: $(CONFORMANCE_STAMP)
+
+$(CONFORMANCE_STAMP): $(CONFORMANCE_DEPS)/package-lock.json
+	npm ci --no-audit --no-fund --prefix $(CONFORMANCE_DEPS)
+	touch $@
+
 # promtool (Debian's prometheus package) for the alerting rules' unit tests (tests/test_alerts.py).
 PROMTOOL := /usr/bin/promtool
 
@@ -68,7 +78,7 @@ XDIST_WORKERS ?= 3
 
 test: lint chromium promtool test-threads test-gevent
 
-test-threads: install chromium node-deps
+test-threads: install chromium node-deps conformance-deps
 	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile
 
 # Two gevent-patched pytest processes side by side (the contracts of the stores on this machine's shared
@@ -86,6 +96,11 @@ test-gevent-clustered: install
 	$(GEVENT_PYTEST) tests/durable_stream/test_contract_redis_cluster.py tests/durable_stream/test_contract_nats.py \
 		tests/durable_stream/test_redis_adapter.py tests/durable_stream/test_nats_adapter.py \
 		tests/durable_stream/test_nats_faults.py tests/durable_stream/test_nats_direct_publish.py
+
+# The Durable Streams conformance suite against the gateway on each adapter (memory, SQLite, Redis,
+# PostgreSQL, NATS), each under gunicorn -k gevent on a free port; about a minute per adapter.
+test-conformance: install conformance-deps
+	$(BIN)/python -m tests.conformance.gateway
 
 bench: install
 	$(BIN)/python -m bench.redis

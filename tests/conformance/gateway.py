@@ -1,0 +1,196 @@
+"""The gateway under gunicorn (gevent) on a free port, and the conformance suite run against it.
+
+``python -m tests.conformance.gateway [adapter ...]`` (``make test-conformance``) runs the suite against
+the gateway on each adapter (default: memory, sqlite, redis, postgres, nats) and prints the counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator, Mapping
+from types import TracebackType
+from typing import Any, Self
+
+from harness.app_env import base_env
+from harness.nats_server import NatsServer
+from harness.processes import BIN, die_with_parent, free_port, process_env
+from harness.services import postgres_dsn, redis_url
+from harness.waiting import wait_until
+
+HERE = pathlib.Path(__file__).resolve().parent
+ADAPTERS = ("memory", "sqlite", "redis", "postgres", "nats")
+#: Long-polls in the suite wait this long on the gateway (the suite's own timeout is 1 s more).
+LONG_POLL_SECONDS = 3
+
+
+@contextlib.contextmanager
+def adapter_store(adapter: str, var_dir: pathlib.Path) -> Iterator[str]:
+    """The stream URL of ``adapter`` for one test; NATS gets a private server (the shared one may be too old)."""
+    if adapter != "nats":
+        yield adapter_url(adapter, var_dir)
+        return
+    (var_dir / "nats").mkdir(parents=True, exist_ok=True)
+    server = NatsServer(directory=var_dir / "nats").start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def adapter_url(adapter: str, var_dir: pathlib.Path) -> str:
+    if adapter == "memory":
+        return "memory://"
+    if adapter == "sqlite":
+        return f"sqlite:///{var_dir / 'streams.db'}"
+    if adapter == "redis":
+        return redis_url(db=7)
+    if adapter == "postgres":
+        return postgres_dsn("postgresql", f"schema=gw_{uuid.uuid4().hex[:10]}")
+    if adapter == "nats":
+        return "nats://127.0.0.1:4222"
+    raise ValueError(f"unknown adapter {adapter!r}")
+
+
+class GatewayServer:
+    """``gunicorn -k gevent api.durable_streams_app:app`` with one worker, on a free port."""
+
+    def __init__(self, stream_url: str, var_dir: pathlib.Path, **settings: Any) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.var_dir = var_dir
+        env = base_env(
+            var_dir,
+            DURABLE_STREAM_URL=stream_url,
+            DURABLE_STREAM_MAX_AGE_SECONDS=0,
+            DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS=LONG_POLL_SECONDS,
+            LOG_FORMAT="text",
+            **settings,
+        )
+        self.env = process_env(env)
+        self.log_path = var_dir / "gateway.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30) -> Self:
+        self.var_dir.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    *(str(BIN / "gunicorn"), "-k", "gevent", "-w", "1", "-b", f"127.0.0.1:{self.port}"),
+                    *("--graceful-timeout", "2", "api.durable_streams_app:app"),
+                ],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,
+            )
+        wait_until(self._answers, timeout, f"the gateway on port {self.port}\n{self.log_tail()}")
+        return self
+
+    def _answers(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the gateway exited:\n{self.log_tail()}")
+        try:
+            urllib.request.urlopen(f"{self.base_url}/health-probe", timeout=1)
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            return False
+        return True
+
+    def log_tail(self, size: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-size:] if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def run_vitest(
+    base_url: str, output: pathlib.Path, test_file: str = "conformance.test.mjs", env: Mapping[str, str] = {}
+) -> dict[str, Any]:
+    """Run one vitest file against ``base_url``; return vitest's parsed JSON report."""
+    npx = shutil.which("npx") or "npx"
+    command = [npx, "vitest", "run", "--config", "vitest.config.mjs", test_file]
+    command += ["--reporter=json", f"--outputFile={output}"]
+    subprocess.run(
+        command,
+        cwd=HERE,
+        env={
+            **process_env({}),
+            "DURABLE_STREAMS_BASE_URL": base_url,
+            "DURABLE_STREAMS_LONG_POLL_MS": str(LONG_POLL_SECONDS * 1000),
+            **env,
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=600,
+        check=False,
+    )
+    report: dict[str, Any] = json.loads(output.read_text())
+    return report
+
+
+def failures(report: Mapping[str, Any]) -> list[str]:
+    return [
+        f"{result['fullName']}: {(result.get('failureMessages') or [''])[0][:300]}"
+        for file in report["testResults"]
+        for result in file["assertionResults"]
+        if result["status"] == "failed"
+    ]
+
+
+def counts(report: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    return (
+        report["numPassedTests"],
+        report["numFailedTests"],
+        report["numPendingTests"] + report.get("numTodoTests", 0),
+        report["numTotalTests"],
+    )
+
+
+def main(adapters: list[str]) -> int:
+    worst = 0
+    for adapter in adapters or list(ADAPTERS):
+        with tempfile.TemporaryDirectory(prefix=f"gateway-{adapter}-") as folder:
+            var_dir = pathlib.Path(folder)
+            started = time.monotonic()
+            with (
+                adapter_store(adapter, var_dir) as url,
+                GatewayServer(url, var_dir, DURABLE_STREAMS_GATEWAY_ANONYMOUS="true") as gw,
+            ):
+                report = run_vitest(gw.base_url, var_dir / "report.json")
+            passed, failed, skipped, total = counts(report)
+            print(f"{adapter}: {passed} passed, {failed} failed, {skipped} skipped of {total} ", end="")
+            print(f"({time.monotonic() - started:.0f} s)")
+            for line in failures(report):
+                print(f"  FAILED {line}")
+            worst = max(worst, 1 if failed else 0)
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
