@@ -149,6 +149,29 @@ class AppConfig(BaseSettings):
         description="Under gunicorn's gevent workers, one writer per run and process writes each live event "
         "to every client level with it (instead of a greenlet per client reading and writing it).",
     )
+    SSE_WRITER_HISTORY: int = Field(
+        default=1024,
+        ge=1,
+        description="Events a run's shared writer keeps after delivering them: a client that arrives or "
+        "reconnects to a live run starts from them instead of reading the run again on its own.",
+    )
+    SSE_MAX_STARTING: int = Field(
+        default=500,
+        ge=0,
+        description="Event streams one API process lets start at once (token, run, subscription, the wait for "
+        "the run's writer); more are answered 503 server_busy with Retry-After. 0: no limit.",
+    )
+    SSE_MAX_LOOP_LAG: float = Field(
+        default=1.0,
+        ge=0,
+        description="Seconds an API process's gevent loop may be behind before it refuses new event streams "
+        "(503 server_busy with Retry-After). 0: never.",
+    )
+    SSE_BUSY_RETRY_AFTER_MAX: int = Field(
+        default=5,
+        ge=1,
+        description="A refused stream's Retry-After is 1 to this many seconds, at random (a herd comes back spread).",
+    )
     DEMO_PAGE_ENABLED: bool | None = Field(
         default=None,
         description="Serve the browser demo page at /demo. Unset: only in development, i.e. while SECRET_KEY is "

@@ -79,6 +79,18 @@ STREAM_UNAVAILABLE = "the event stream is unavailable; try again shortly"
 STREAM_FAILED_RUN = "the event stream was unavailable"
 
 
+class ServerBusyError(ServiceUnavailableError):
+    """This API worker cannot take another event stream now (too many starting, or its loop is behind):
+    refused before any work, with a ``Retry-After`` spread at random so that a herd comes back spread."""
+
+    status = 503
+    code = "server_busy"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class EventStreamBusyError(ServiceUnavailableError):
     """This API worker holds as many event streams as its Redis pool has connections: try again soon."""
 

@@ -207,6 +207,24 @@ HANDBACKS = _metric(
     roles=frozenset({API}),
     known=_each("slow", "failed"),
 )
+ADMISSION_REFUSED = _metric(
+    "workflow_sse_admission_refused_total",
+    "counter",
+    "Event streams an API process refused before any work (503 server_busy): too many starting at once, or "
+    "its event loop behind (loop_lag).",
+    "reason",
+    roles=frozenset({API}),
+    known=_each("starting", "loop_lag"),
+)
+ARRIVALS = _metric(
+    "workflow_sse_arrivals_total",
+    "counter",
+    "Event streams that started from their run's shared writer (its history) without a read of their own "
+    "(shared), or read alone until level with it (alone).",
+    "path",
+    roles=frozenset({API}),
+    known=_each("shared", "alone"),
+)
 RESUMES = _metric(
     "workflow_sse_resumes_total",
     "counter",
@@ -308,6 +326,8 @@ METRICS: tuple[Metric, ...] = (
     STREAMS_OPEN,
     WRITERS_OPEN,
     HANDBACKS,
+    ADMISSION_REFUSED,
+    ARRIVALS,
     RESUMES,
     LAG,
     REPLAYED,

@@ -21,6 +21,9 @@ pytestmark = [
     pytest.mark.skipif(not redis_available(), reason="needs redis-server"),
 ]
 
+#: The most Redis connections one API worker opens whatever its clients: the durable-stream adapter's
+#: command and read pools (16 + 3) and change feed (1), and the app's own client's few.
+FIXED_POOLS = 24
 SMALL = {"runs": 10, "tokens": 6, "rate": 6.0, "idle_seconds": 1.0, "load_processes": 2}
 
 
@@ -35,8 +38,10 @@ def test_every_client_gets_every_event_once_and_redis_connections_do_not_grow(tm
     many = measure("durable", 200, directory=tmp_path / "many", **SMALL)  # type: ignore[arg-type]
     _assert_all_delivered(few)
     _assert_all_delivered(many)
-    # The same 10 runs followed by 4x the clients: no Redis connection per client.
-    assert many["redis_connections_worker"] <= few["redis_connections_worker"] + 2, (few, many)
+    # The same 10 runs followed by 4x the clients: no Redis connection per client. The worker's
+    # connections are its pools' (the adapter's 16 for commands, 3 for reads, its change feed, the
+    # app's own client), filled as far as the busiest moment needed, which varies from run to run.
+    assert many["redis_connections_worker"] <= max(few["redis_connections_worker"] + 2, FIXED_POOLS), (few, many)
 
 
 def test_broadcast_mode_delivers_to_200_clients(tmp_path: pathlib.Path) -> None:

@@ -231,7 +231,7 @@ def test_errors_are_typed_and_retries_honour_retry_after(page: Page, stack: Serv
     resumed = settle(page, "followRun", **follow, lastEventId=first_id)
     assert [event for _, event in resumed["events"]] == [event for _, event in stored[1:]]
     (retry,) = resumed["reconnects"]
-    assert retry["reason"] == "http-503" and retry["delayMs"] >= 1000
+    assert retry["reason"] == "http-503" and 1000 <= retry["delayMs"] <= 1500  # Retry-After, spread
 
     # Answered 503 every time: the budget (2 retries) runs out with a typed error.
     refused = relay.refused

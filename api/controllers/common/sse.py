@@ -90,20 +90,21 @@ class SseFramer:
     """The SSE bytes of one response's items, its events' cursors sealed by ``sealer`` (a
     :class:`~api.services.delivery.Framer` for the shared writer)."""
 
-    __slots__ = ("_seal", "_since", "binding")
+    __slots__ = ("binding", "seal", "since")
 
     ping = PING
 
     def __init__(self, sealer: StreamSealer, *, since: float = 0.0) -> None:
-        self._seal = sealer.seal_bytes
-        self._since = since
+        #: Seals a cursor into the bytes of an ``id:``.
+        self.seal = sealer.seal_bytes
+        self.since = since
         self.binding = sealer.binding
 
     def event(self, event: StreamEvent) -> bytes:
-        return event_message(event, self._seal)
+        return event_message(event, self.seal)
 
     def item(self, item: StreamItem) -> bytes:
-        return sse_chunk(item, self._seal, self._since)
+        return sse_chunk(item, self.seal, self.since)
 
     def message(self, payload: bytes) -> bytes:
         return sse_message(payload)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Generator
-from typing import Any
+from typing import Any, NamedTuple
 
 from flask import Flask, Response, current_app, request
 
@@ -78,6 +78,12 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
             unknown key, or belongs to another run or user.
         GoneError: (410) see ``delivery.reconnect``.
     """
+    # Refused before any work when this process cannot take another stream (503 server_busy).
+    with current_runtime().admission.start():
+        return _admitted_run_events(app_model, task_id, user)
+
+
+def _admitted_run_events(app_model: App, task_id: str, user: str) -> Response:
     try:
         run = runs.checked(app_model, runs.get_run_by_task(app_model, task_id, user, or_run_id=True))
     except NotFoundError:
@@ -113,10 +119,23 @@ def _run_events(app_model: App, run: WorkflowRun) -> Response:
     if token is not None and event_streams.resumable():  # a live-only transport ignores it
         cursor = open_resume_token(app_model, run, token)
     continue_on_pause = _flag("continue_on_pause")
-    events = event_streams.reconnect(
-        app_model, run, cursor=cursor, continue_on_pause=continue_on_pause, snapshot=_flag("include_state_snapshot")
+    snapshot = _flag("include_state_snapshot")
+    bound = _Bound.of(app_model, run)
+    arrival = None
+    if bound.socket is not None and (cursor is not None or snapshot) and not run.run_status.is_terminal:
+        # A live run's writer may hold what this client needs: then it reads nothing on its own.
+        arrival = current_runtime().writers.arrive(
+            (bound.ids.topic, bound.framer.binding), bound.ids, bound.framer, cursor, epoch=run.stream_epoch
+        )
+    events = None
+    if arrival is None:
+        events = event_streams.reconnect(
+            app_model, run, cursor=cursor, continue_on_pause=continue_on_pause, snapshot=snapshot
+        )
+    metrics.ARRIVALS.tally.add(("shared" if arrival is not None else "alone",))
+    return event_stream_response(
+        app_model, run, events, continue_on_pause=continue_on_pause, bound=bound, arrival=arrival
     )
-    return event_stream_response(app_model, run, events, continue_on_pause=continue_on_pause)
 
 
 def _flag(name: str) -> bool:
@@ -145,41 +164,63 @@ def open_resume_token(app_model: App, run: WorkflowRun, token: str) -> TopicCurs
     return TopicCursor(cursor)
 
 
+class _Bound(NamedTuple):
+    """What one event-stream response is bound to: its run's ids, its framer (the sealer of its ids,
+    bound to the run and user) and, where a shared writer may write it, the client's socket."""
+
+    ids: event_streams.RunIds
+    framer: SseFramer
+    socket: Any | None
+    chunked: bool
+
+    @classmethod
+    def of(cls, app_model: App, run: WorkflowRun) -> _Bound:
+        ids = event_streams.RunIds.of(app_model, run)
+        # Bound once per response: the associated data and the AEAD object are reused for every event.
+        sealer = current_runtime().tokens.sealer(topic=ids.topic, app_id=app_model.id, end_user=run.end_user)
+        # Events appended before this moment are replayed, not delivered live (the lag metric is the live one's).
+        framer = SseFramer(sealer, since=time.time())
+        config = current_app.config["APP_CONFIG"]
+        socket = None
+        if config.SSE_SHARED_WRITER and event_streams.resumable():
+            socket = event_streams.writable_socket(request.environ)
+        return cls(ids, framer, socket, request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0")
+
+
 def event_stream_response(
     app_model: App,
     run: WorkflowRun,
-    events: EventStream,
+    events: EventStream | None,
     headers: dict[str, str] | None = None,
     *,
     continue_on_pause: bool,
+    bound: _Bound | None = None,
+    arrival: event_streams.Arrival | None = None,
 ) -> Response:
-    """An SSE response of ``events``, each event's cursor sealed into a token bound to the run and user.
+    """An SSE response of ``events`` (or of an ``arrival`` at the run's writer), each event's cursor
+    sealed into a token bound to the run and user.
 
     The request's database work ends here: the stream may stay open for hours, and must hold
     neither a pooled connection nor the rows the request loaded. Where it can, the response joins
     the run's shared writer once it is level with it (``delivery.writer``).
     """
-    # Bound once per response: the associated data and the AEAD object are reused for every event.
-    ids = event_streams.RunIds.of(app_model, run)
-    sealer = current_runtime().tokens.sealer(topic=ids.topic, app_id=app_model.id, end_user=run.end_user)
-    # Events appended before this moment are replayed, not delivered live (the lag metric is the live one's).
-    since = time.time()
+    bound = bound or _Bound.of(app_model, run)
     db.session.close()
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]  # the app, not its proxy
-    config = app.config["APP_CONFIG"]
-    socket = event_streams.writable_socket(request.environ) if config.SSE_SHARED_WRITER else None
-    if socket is not None and event_streams.resumable():
+    if bound.socket is not None:
         body = event_streams.shared_body(
             events,
-            writers=event_streams.current_runtime().writers,
-            socket=socket,
-            chunked=request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0",
-            ids=ids,
-            framer=SseFramer(sealer, since=since),
+            writers=current_runtime().writers,
+            socket=bound.socket,
+            chunked=bound.chunked,
+            ids=bound.ids,
+            framer=bound.framer,
             continue_on_pause=continue_on_pause,
+            arrival=arrival,
         )
     else:
-        body = sse_messages(events, resume_token=sealer.seal_bytes, since=since)
+        assert events is not None, "an arrival needs a shared writer"
+        body = sse_messages(events, resume_token=bound.framer.seal, since=bound.framer.since)
     # Passed through as it is: the chunks are bytes already, and werkzeug's encoding and closing
     # wrappers would add two layers to every chunk's way out (and to every parked stream's stack).
     return Response(

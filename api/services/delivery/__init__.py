@@ -10,12 +10,14 @@ authorises a request, calls :func:`run_streaming` or :func:`reconnect`, and hand
 
 from __future__ import annotations
 
+from .body import shared_body, writable_socket
 from .framing import Framer
 from .runtime import DeliveryRuntime, current_runtime
 from .streams import EventStream, RunIds, reconnect, resumable, run_headers, run_streaming
-from .writer import shared_body, writable_socket
+from .writer import Arrival
 
 __all__ = [
+    "Arrival",
     "DeliveryRuntime",
     "EventStream",
     "Framer",

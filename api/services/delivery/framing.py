@@ -23,6 +23,8 @@ class Framer(Protocol):
     binding: bytes
     #: A keep-alive message.
     ping: bytes
+    #: When the response's request began: events appended before it are replayed, not live.
+    since: float
 
     def event(self, event: StreamEvent) -> bytes:
         """One event of the run, its position sealed into its id (none for an event without one)."""

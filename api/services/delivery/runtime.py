@@ -1,8 +1,8 @@
 """What one process keeps for the event streams it serves: built once, where the process starts.
 
 :class:`DeliveryRuntime` holds the process's resume-token codec, the event transport its streams
-read through, its run watcher (one thread checking every watched run), its shared writers and their
-ending lane. ``create_app`` builds it and puts it in ``app.extensions`` (:func:`init_app`), so
+read through, its admission gate, its run watcher (one thread checking every watched run), its
+shared writers and their ending lane. ``create_app`` builds it and puts it in ``app.extensions`` (:func:`init_app`), so
 nothing is made lazily on a first request; the HTTP edge gets it with :func:`current_runtime`.
 
 Its rules, in one place:
@@ -11,7 +11,8 @@ Its rules, in one place:
   process, after the fork: the runtime is never inherited. Nothing in it starts a thread or a
   greenlet when it is built: the watcher's thread starts on the first watched stream (and again
   in a process that finds it not alive, e.g. one forked after it started), a writer's greenlet
-  with its first client, the ending lane's when something ends.
+  with its first client, the ending lane's when something ends, the admission's loop-lag probe
+  with the first stream it admits.
 - **Connections.** The transport is the process's ``ext_event_bus`` extension, which the Celery
   tasks (the producers) share: it connects on first use and again in a process that finds its
   connection inherited from its parent (it checks the pid), for the same fork rule. The runtime
@@ -37,6 +38,7 @@ from api.libs.resume_token import ResumeTokenCodec, development_key, parse_keys
 
 from . import streams
 from . import watcher as watcher_module
+from .admission import Admission
 from .watcher import RunWatcher
 from .writer import SharedWriters
 
@@ -59,6 +61,12 @@ class DeliveryRuntime:
             lambda: self.transport,
             ping_interval=config.SSE_PING_INTERVAL,
             idle_timeout=config.SSE_IDLE_TIMEOUT,
+            history=config.SSE_WRITER_HISTORY,
+        )
+        self.admission = Admission(
+            max_starting=config.SSE_MAX_STARTING,
+            max_lag=config.SSE_MAX_LOOP_LAG,
+            retry_after_max=config.SSE_BUSY_RETRY_AFTER_MAX,
         )
 
     @property

@@ -272,15 +272,16 @@ class RunIds(NamedTuple):
         return cls(app.id, run.task_id, run.id, runs.topic_name(app, run))
 
 
-def follow(ids: RunIds, cursor: TopicCursor, *, continue_on_pause: bool) -> EventStream:
-    """The run's events strictly after ``cursor``, for a stream that has already begun.
+def follow(ids: RunIds, cursor: TopicCursor | None, *, continue_on_pause: bool) -> EventStream:
+    """The run's events strictly after ``cursor`` (``None``: from its start), for a stream that has already begun.
 
     Nothing is checked against the run's row (the stream's start did that); a failure to subscribe
     is the stream's last item, an ``error`` notice (410 ``resume_cursor_expired`` or 503
     ``stream_unavailable``), as it is for a failure while following.
     """
     try:
-        subscription = MessageGenerator.retrieve_events(current_transport(), ids.topic, cursor)
+        start = StartAt.BEGINNING if cursor is None else cursor
+        subscription = MessageGenerator.retrieve_events(current_transport(), ids.topic, start)
     except DurableStreamError as exc:
         return _only(_unavailable_notice(ids.run_id, exc))
     try:
@@ -294,7 +295,8 @@ def follow(ids: RunIds, cursor: TopicCursor, *, continue_on_pause: bool) -> Even
     except BaseException:
         subscription.close()
         raise
-    return _events(ids, subscription, continue_on_pause=continue_on_pause)
+    first_event = "workflow_started" if cursor is None else None
+    return _events(ids, subscription, continue_on_pause=continue_on_pause, first_event=first_event)
 
 
 def _events(

@@ -86,6 +86,11 @@ class RunWatcher:
     def interval(self) -> float:
         return self._interval
 
+    @property
+    def draining(self) -> bool:
+        """Whether the process is going away: every stream, and every later one, ends with a ``retry:``."""
+        return self._draining
+
     def watch(self, run_id: str, subscription: EventSubscription, *, live_only: bool) -> StreamWatch:
         """Watch ``run_id`` for one more stream (reading ``subscription``) until :meth:`unwatch`."""
         watch = StreamWatch(run_id, subscription, live_only)

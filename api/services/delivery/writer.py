@@ -15,8 +15,13 @@ the events of the others.
 Nothing is lost or repeated on the way in or out:
 
 - A client joins only at a position the writer can continue exactly: the writer's own position,
-  or one of the last :data:`RING` events it delivered (it sends the client what came after first).
-  A client that is behind or ahead reads on and tries again after its next event.
+  or one of the events it keeps (its history, ``SSE_WRITER_HISTORY``; it sends the client what came
+  after first). A client that is behind or ahead reads on and tries again after its next event.
+- A client that arrives at a live run with a cursor or for its whole history (``arrive``) starts
+  from the writer's history without a read of its own: thousands arriving at once (a deploy, a
+  crashed worker) cost one read of the run per process, not one each. Without a writer, one
+  starts at the topic's beginning, and its history is the run's whole (``complete``) until it
+  drops some; a client it cannot serve reads alone as before.
 - A client the writer cannot serve at once (its socket buffer is full, or the writer's
   subscription failed) is handed back to its own greenlet with its position and the unsent rest
   of its last write: the greenlet finishes that write, then reads on its own from that position
@@ -33,135 +38,75 @@ bytes it wrote itself.
 from __future__ import annotations
 
 import logging
-import ssl
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from flask import Flask
 
 from api.core.app.apps.event_codec import encode_event, event_name
 from api.core.app.apps.event_transport import StreamMessage, WorkflowEventTransport
-from api.core.app.apps.message_generator import (
-    EventBatch,
-    MessageGenerator,
-    StreamEvent,
-    StreamItem,
-    terminal_events,
-)
+from api.core.app.apps.message_generator import MessageGenerator, StartAt, StreamEvent
 from api.core.app.apps.read_loop import Next, ReadLoop
 from api.core.durable_stream import CLOSED, TopicCursor
 from api.libs import log_context, metrics
 
 from .endings import EndingLane
+from .followers import ENDED, GONE, PAUSED, Delivery, Follower, Framed, Outcome, both_wires, wire
 from .framing import Framer, observe_write
-from .streams import COALESCE, EventStream, RunIds, follow, pause_moved_past
+from .streams import COALESCE, RunIds, pause_moved_past
 from .watcher import RunWatcher, StreamWatch
 
 logger = logging.getLogger(__name__)
 
-#: Events a writer keeps after delivering them, so that a client slightly behind can still join.
-RING = 128
-FINISHED, PAUSED = "workflow_finished", "workflow_paused"
 _TRANSPORT = ("durable_stream",)
+#: How long an arriving client waits for a new writer to read what its topic holds.
+ARRIVAL_PATIENCE = 5.0
+#: How long a writer without clients stays for the ones that arrived (a response whose body never
+#: started would otherwise keep it forever).
+ARRIVAL_HOLD = 30.0
 
 
-class Outcome(NamedTuple):
-    """Why a writer let go of a client: ``ended`` (the response is complete), ``gone`` (its socket
-    failed) or ``resume`` (read on alone after ``cursor``, once ``rest`` is written)."""
+class Arrival(NamedTuple):
+    """A client's way in without a read of its own: the writer, and what it delivered after the
+    client's start (framed, to be sent before the client joins at ``cursor``)."""
 
-    kind: str
-    cursor: TopicCursor | None = None
-    rest: bytes = b""
-
-
-ENDED, GONE = Outcome("ended"), Outcome("gone")
-
-
-class Follower:
-    """One client's response while a writer serves it."""
-
-    __slots__ = ("chunked", "cursor", "ends_at_pause", "joined_at", "socket", "terminal", "waiter", "writer")
-
-    def __init__(self, socket: Any, *, chunked: bool, continue_on_pause: bool) -> None:
-        from gevent.hub import Waiter
-
-        self.socket = socket
-        self.chunked = chunked
-        #: The events that end this client's stream, as for a client reading alone.
-        self.terminal = terminal_events(continue_on_pause)
-        self.ends_at_pause = PAUSED in self.terminal
-        self.cursor: TopicCursor | None = None
-        self.joined_at = 0.0
-        self.waiter: Any = Waiter()
-        self.writer: TopicWriter | None = None
-
-    def ends_with(self, name: str | None) -> bool:
-        return name in self.terminal
-
-
-class _Framed(NamedTuple):
-    cursor: TopicCursor
-    name: str | None
-    message: bytes
-    event: StreamEvent
-
-
-class _Delivery:
-    """Events delivered together, and the bytes each kind of client gets of them: all of them, or up
-    to the event that ends its stream (the run's end; for a client that stops at pauses, a pause
-    that nothing follows yet)."""
-
-    __slots__ = ("_finished_at", "_framed", "_paused_last", "_wires", "lag_sample")
-
-    def __init__(self, framed: list[_Framed], *, pause_ends: bool) -> None:
-        self._framed = framed
-        self._finished_at = next((index for index, item in enumerate(framed) if item.name == FINISHED), None)
-        self._paused_last = pause_ends and framed[-1].name == PAUSED
-        self._wires: dict[tuple[int, bool], bytes] = {}
-        first = framed[0].event
-        self.lag_sample = first if first.stored is not None else None
-
-    def for_client(self, client: Follower) -> tuple[bytes, TopicCursor, bool]:
-        """The bytes for ``client`` as written to its socket, the cursor of the last event in them, and
-        whether they end its stream."""
-        end = self._finished_at
-        if end is None and self._paused_last and client.ends_at_pause:
-            end = len(self._framed) - 1
-        last = len(self._framed) - 1 if end is None else end
-        key = (last, client.chunked)
-        wire = self._wires.get(key)
-        if wire is None:
-            framed = self._framed
-            data = framed[0].message if last == 0 else b"".join([item.message for item in framed[: last + 1]])
-            wire = self._wires[key] = _wire(data, client.chunked)
-        return wire, self._framed[last].cursor, end is not None
-
-
-def _wire(data: bytes, chunked: bool) -> bytes:
-    """``data`` as written to the socket: one HTTP/1.1 chunk, or bare for HTTP/1.0."""
-    return b"%X\r\n%b\r\n" % (len(data), data) if chunked else data
-
-
-def _both_wires(data: bytes) -> dict[bool, bytes]:
-    return {True: _wire(data, True), False: data}
+    writer: TopicWriter
+    missed: list[Framed]
+    cursor: TopicCursor | None
+    pause_ends: bool
 
 
 class TopicWriter:
     """The writer of one topic (and the run and user its clients are bound to) in this process."""
 
     def __init__(
-        self, registry: SharedWriters, key: tuple[str, bytes], ids: RunIds, framer: Framer, cursor: TopicCursor
+        self,
+        registry: SharedWriters,
+        key: tuple[str, bytes],
+        ids: RunIds,
+        framer: Framer,
+        cursor: TopicCursor | None,
+        epoch: str | None = None,
     ) -> None:
+        from gevent.event import Event
+
         self._registry = registry
         self.key = key
         self._ids = ids
         self._framer = framer
-        self._ping_wires = _both_wires(framer.ping)
+        self._ping_wires = both_wires(framer.ping)
+        #: The position after the last event delivered (``None``: before the topic's first).
         self.position = cursor
+        #: Whether its history begins with the run's start (it read the topic from its beginning, found
+        #: ``workflow_started`` first on the run's incarnation, and has dropped nothing since).
+        self.complete = cursor is None
+        self._epoch = epoch
+        #: Set once it has read what its topic held when it started (or it stopped).
+        self.loaded = Event()
         self.clients: dict[Follower, None] = {}  # in the order they joined
         self.alive = True
-        self._ring: list[_Framed] = []
+        self._ring: list[Framed] = []
         self._ring_start = 0  # the sequence number of the ring's first event
         self._sequence: dict[TopicCursor, int] = {}
         #: The writer's pings and idle ends, by the rules of a client reading alone, with each client's join time.
@@ -172,26 +117,35 @@ class TopicWriter:
             idle_timeout=registry.idle_timeout,
         )
         self._watch: StreamWatch | None = None
-        self._stale_pause = False  # the last event delivered is a pause already followed by more
+        self.stale_pause = False  # the last event delivered is a pause already followed by more
+        #: Clients that arrived (:meth:`SharedWriters.arrive`) and have not joined yet, and when the last came.
+        self.expected = 0
+        self.arrived_at = 0.0
 
     # Called from clients' greenlets.
 
-    def join(self, client: Follower, cursor: TopicCursor) -> bool:
-        """Serve ``client`` from strictly after ``cursor`` on, if this writer can continue there exactly."""
+    def missed_after(self, cursor: TopicCursor | None) -> list[Framed] | None:
+        """What this writer delivered after ``cursor`` (``None``: the run's start), or ``None`` if it
+        cannot continue there exactly."""
         if not self.alive:
-            return False
+            return None
         if cursor == self.position:
-            missed: list[_Framed] = []
-        else:
-            number = self._sequence.get(cursor)
-            if number is None:
-                return False
-            missed = self._ring[number - self._ring_start + 1 :]
+            return []
+        if cursor is None:
+            return list(self._ring) if self.complete else None
+        number = self._sequence.get(cursor)
+        return None if number is None else self._ring[number - self._ring_start + 1 :]
+
+    def join(self, client: Follower, cursor: TopicCursor | None) -> bool:
+        """Serve ``client`` from strictly after ``cursor`` on, if this writer can continue there exactly."""
+        missed = self.missed_after(cursor)
+        if missed is None:
+            return False
         client.writer, client.cursor, client.joined_at = self, cursor, time.monotonic()
         self.clients[client] = None
         metrics.STREAMS_OPEN.tally.add(_TRANSPORT)
         if missed:
-            self._send_events(client, _Delivery(missed, pause_ends=not self._stale_pause))
+            self._send_events(client, Delivery(missed, pause_ends=not self.stale_pause))
         return True
 
     def leave(self, client: Follower) -> None:
@@ -212,8 +166,13 @@ class TopicWriter:
         watcher = None
         try:
             with app.app_context(), log_context.bound(fields):
-                subscription = MessageGenerator.retrieve_events(self._registry.transport(), ids.topic, self.position)
+                transport = self._registry.transport()
+                start = StartAt.BEGINNING if self.position is None else self.position
+                subscription = MessageGenerator.retrieve_events(transport, ids.topic, start)
                 subscription.__enter__()
+                if self.complete and self._epoch is not None:  # checked after entering, as a reader alone does
+                    info = transport.topic_info(ids.topic)
+                    self.complete = info is not None and info.epoch == self._epoch
                 watcher = self._registry.watcher
                 self._watch = watcher.watch(ids.run_id, subscription, live_only=False)
                 self._follow(subscription)
@@ -221,6 +180,7 @@ class TopicWriter:
             logger.info("run %s: the shared writer stopped: %s", ids.run_id, exc)
         finally:
             self._retire()
+            self.loaded.set()
             if self.clients:
                 metrics.HANDBACKS.tally.add(("failed",), len(self.clients))
             for client in list(self.clients):
@@ -234,17 +194,18 @@ class TopicWriter:
         clock = time.monotonic
         loop = self._loop
         pending: StreamMessage | None = None
-        while self.clients:
+        while self.clients or not self.loaded.is_set() or (self.expected and clock() - self.arrived_at < ARRIVAL_HOLD):
             if pending is not None:
                 item: Any = pending
                 pending = None
             else:
-                first = next(iter(self.clients))  # the one that joined first times out first
-                item = subscription.receive(timeout=loop.wait(clock(), joined=first.joined_at))
+                first = next(iter(self.clients), None)  # the one that joined first times out first
+                item = subscription.receive(timeout=loop.wait(clock(), joined=first.joined_at if first else clock()))
             if item is None:
+                self.loaded.set()  # level with the topic: the clients waiting to arrive may come
                 now = clock()
                 self._end_idle(now)
-                if self.clients and loop.ping_due(now):
+                if loop.ping_due(now):  # due even without clients: else the next wait would be 0, again and again
                     for client in list(self.clients):
                         self._push(client, self._ping_wires[client.chunked], client.cursor, ends=False)
                 continue
@@ -277,37 +238,44 @@ class TopicWriter:
                     step = ReadLoop.row_says(moved_past=pause_moved_past(self._ids.run_id, batch[-1].payload))
                 stale_pause = step is Next.GO_ON
             loop.event(None, clock())
-            self._stale_pause = stale_pause
-            delivery = _Delivery(framed, pause_ends=not stale_pause)
+            self.stale_pause = stale_pause
+            delivery = Delivery(framed, pause_ends=not stale_pause)
             for client in list(self.clients):
                 self._send_events(client, delivery)
             if closed:
                 self._end_all()
                 return
+            if len(batch) < COALESCE and pending is None:
+                self.loaded.set()  # the batch ended because nothing more was ready
 
     def drain(self, retry_ms: Callable[[], int]) -> None:
         """The process is going away: end every client with a ``retry:`` (each its own wait)."""
         for client in list(self.clients):
-            self._push(client, _wire(self._framer.retry(retry_ms()), client.chunked), client.cursor, ends=True)
+            self._push(client, wire(self._framer.retry(retry_ms()), client.chunked), client.cursor, ends=True)
 
-    def _framed(self, message: StreamMessage) -> _Framed:
+    def _framed(self, message: StreamMessage) -> Framed:
         cursor = message.cursor
         assert cursor is not None  # a durable stream's records all have one
         name = event_name(message.payload)
         event = StreamEvent(name or "", message.payload, cursor, message.stored)
-        framed = _Framed(cursor, name, self._framer.event(event), event)
+        framed = Framed(cursor, name, self._framer.event(event), event)
         number = self._ring_start + len(self._ring)
+        if number == 0 and name != "workflow_started":
+            self.complete = False  # what is left of a run is not the run
         self._ring.append(framed)
         self._sequence[cursor] = number
-        if len(self._ring) >= 2 * RING:
-            for dropped in self._ring[:RING]:
-                del self._sequence[dropped.cursor]
-            del self._ring[:RING]
-            self._ring_start += RING
+        history = self._registry.history
+        if len(self._ring) > history:
+            dropped = max(history // 4, 1)  # a quarter at a time: the list is not shifted per event
+            for old in self._ring[:dropped]:
+                del self._sequence[old.cursor]
+            del self._ring[:dropped]
+            self._ring_start += dropped
+            self.complete = False
         self.position = cursor
         return framed
 
-    def _send_events(self, client: Follower, delivery: _Delivery) -> None:
+    def _send_events(self, client: Follower, delivery: Delivery) -> None:
         wire, cursor, ends = delivery.for_client(client)
         if delivery.lag_sample is not None and metrics.enabled():
             observe_write(delivery.lag_sample)
@@ -351,7 +319,7 @@ class TopicWriter:
     def _end_all(self) -> None:
         """The topic ended: each client gets the watcher's final event if it ended the stream, then ends."""
         final = None if self._watch is None else self._watch.final_event()
-        wires = None if final is None else _both_wires(self._framer.message(encode_event(final)))
+        wires = None if final is None else both_wires(self._framer.message(encode_event(final)))
         for client in list(self.clients):
             if wires is None:
                 self._release(client, ENDED)
@@ -375,11 +343,14 @@ class SharedWriters:
         *,
         ping_interval: float,
         idle_timeout: float,
+        history: int = 1024,
     ) -> None:
         self._app = app
         self.watcher = watcher
         self.transport = transport
         self.ping_interval, self.idle_timeout = ping_interval, idle_timeout
+        #: Events a writer keeps after delivering them, for the clients that arrive or join behind it.
+        self.history = max(history, 1)
         self._writers: dict[tuple[str, bytes], TopicWriter] = {}
         self._endings = EndingLane()
 
@@ -396,12 +367,49 @@ class SharedWriters:
             gevent.sleep(0)
             return writer.join(client, cursor)
 
-        writer = TopicWriter(self, key, ids, framer, cursor)
+        writer = self._start(key, ids, framer, cursor)
+        writer.join(client, cursor)
+        return True
+
+    def arrive(
+        self, key: tuple[str, bytes], ids: RunIds, framer: Framer, start: TopicCursor | None, *, epoch: str | None
+    ) -> Arrival | None:
+        """A way in for a client that starts after ``start`` (``None``: at the run's start) through the
+        topic's writer, without a read of its own; ``None`` if the writer cannot continue there exactly.
+
+        Without a writer, one starts from the topic's beginning, so that the clients arriving after it
+        find the run's history in it: the first one waits (at most :data:`ARRIVAL_PATIENCE`) until it
+        has read what the topic holds; so do the others that come meanwhile.
+        """
+        if self.watcher.draining:
+            return None
+        writer = self._writers.get(key)
+        if writer is None:
+            writer = self._start(key, ids, framer, None, epoch)
+        writer.expected += 1  # keeps it alive, without clients, until this one joins or gives up
+        writer.arrived_at = time.monotonic()
+        try:
+            if not writer.loaded.is_set():
+                writer.loaded.wait(ARRIVAL_PATIENCE)
+            missed = writer.missed_after(start)
+        except BaseException:
+            writer.expected -= 1
+            raise
+        if missed is None:
+            writer.expected -= 1
+            return None
+        return Arrival(writer, missed, missed[-1].cursor if missed else start, pause_ends=not writer.stale_pause)
+
+    def _start(
+        self, key: tuple[str, bytes], ids: RunIds, framer: Framer, cursor: TopicCursor | None, epoch: str | None = None
+    ) -> TopicWriter:
+        import gevent
+
+        writer = TopicWriter(self, key, ids, framer, cursor, epoch)
         self._writers[key] = writer
         metrics.WRITERS_OPEN.tally.add(())
-        writer.join(client, cursor)
         gevent.spawn(writer.run, self._app)
-        return True
+        return writer
 
     def drain(self, retry_ms: Callable[[], int]) -> int:
         """End every joined client of every writer with a ``retry:``; returns how many writers there were."""
@@ -417,71 +425,3 @@ class SharedWriters:
     def finish(self, client: Follower, outcome: Outcome) -> None:
         """Wake ``client`` with ``outcome`` to end its response, in its turn (``endings``)."""
         self._endings.add(client.waiter.switch, outcome)
-
-
-def writable_socket(environ: dict[str, Any]) -> Any | None:
-    """The client's socket, when this response may be written by a shared writer: served by gunicorn
-    on gevent, in the clear (a TLS socket cannot take a partial write back), with a body."""
-    socket = environ.get("gunicorn.socket")
-    if socket is None or isinstance(socket, ssl.SSLSocket) or environ.get("REQUEST_METHOD") == "HEAD":
-        return None
-    if not type(socket).__module__.startswith("gevent"):
-        return None
-    return socket
-
-
-def shared_body(
-    events: EventStream,
-    *,
-    writers: SharedWriters,
-    socket: Any,
-    chunked: bool,
-    ids: RunIds,
-    framer: Framer,
-    continue_on_pause: bool,
-) -> Generator[bytes, None, None]:
-    """The SSE bytes of ``events`` until the client is level with the topic's writer, then the writer's.
-
-    Handed back (a full socket buffer, a failed writer), the client writes the rest itself and reads
-    on alone from where it is, until it can join again.
-    """
-    key = (ids.topic, framer.binding)
-    client = Follower(socket, chunked=chunked, continue_on_pause=continue_on_pause)
-    items: EventStream | None = events
-    try:
-        while items is not None:
-            joined = False
-            try:
-                for item in items:
-                    yield framer.item(item)
-                    cursor = _joinable_at(item, client)
-                    del item  # not kept while the next one is awaited
-                    if cursor is not None and writers.join(key, client, cursor, ids, framer):
-                        joined = True
-                        break
-            finally:
-                items.close()
-            items = None
-            if not joined:
-                return
-            outcome: Outcome = client.waiter.get()
-            if outcome.rest:
-                try:
-                    socket.sendall(outcome.rest)
-                except OSError:
-                    return
-            if outcome.kind == "resume" and outcome.cursor is not None:
-                items = follow(ids, outcome.cursor, continue_on_pause=continue_on_pause)
-    finally:
-        if items is not None:
-            items.close()
-        if client.writer is not None:
-            client.writer.leave(client)
-
-
-def _joinable_at(item: StreamItem, client: Follower) -> TopicCursor | None:
-    """The position after ``item`` if the client's stream goes on after it (so it may join a writer there)."""
-    last = item if isinstance(item, StreamEvent) else item.events[-1] if isinstance(item, EventBatch) else None
-    if last is None or client.ends_with(last.event):
-        return None
-    return last.cursor

@@ -415,7 +415,8 @@ export class RunStream {
         }
         const cap = this.options.maxDelayMs ?? 10000;
         const backoff = Math.min(cap, this._retryMs * 2 ** (failures - 1));
-        const delayMs = Math.round(Math.max(backoff * (0.5 + Math.random() / 2), error.retryAfterMs));
+        // A Retry-After is a floor, spread over up to half again as long: a herd told the same comes back spread.
+        const delayMs = Math.round(Math.max(backoff * (0.5 + Math.random() / 2), error.retryAfterMs * (1 + Math.random() / 2)));
         this._setState("reconnecting");
         if (this.options.onReconnect) {
           this.options.onReconnect({

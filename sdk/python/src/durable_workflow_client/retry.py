@@ -3,7 +3,8 @@
 Exponential backoff with jitter: the n-th consecutive failed attempt waits a random time between
 half and all of ``min(max_delay, base * multiplier ** (n - 1))``. The base is ``initial_delay``
 unless the server sent an SSE ``retry:`` field (its reconnection time, in milliseconds), which
-replaces it, as it does for a browser's ``EventSource``. A ``Retry-After`` of a 503 is a floor.
+replaces it, as it does for a browser's ``EventSource``. A ``Retry-After`` of a 503 is a floor,
+itself spread over up to half again as long (every client of a busy server is told the same).
 
 The budget counts *consecutive* failures: a connection that delivered anything (an event or a
 ping) resets it, so a long run that is cut many times goes on as long as each connection is
@@ -64,5 +65,6 @@ class Backoff:
         ceiling = min(policy.max_delay, base * policy.multiplier ** (self.failures - 1))
         delay = self._rng.uniform(ceiling / 2, ceiling)
         if retry_after is not None:
-            delay = max(delay, retry_after)
+            # Up to half again as long: a herd that was told the same Retry-After comes back spread.
+            delay = max(delay, retry_after * self._rng.uniform(1.0, 1.5))
         return delay

@@ -1,0 +1,92 @@
+"""Admission: a worker that cannot take another event stream says so before doing any work for it.
+
+A herd (every client of every live run reconnecting after a deploy) must not turn into streams that
+each start, read their run and then time out, nor into store errors for a healthy store. A stream is
+refused with 503 ``server_busy`` and a ``Retry-After`` spread over ``1..retry_after_max`` seconds
+when either
+
+- ``max_starting`` streams of this process are still starting (between their request and their
+  first bytes: the token, the run's row, the subscription or the wait for the run's writer), or
+- the process's event loop is ``max_lag`` seconds or more behind (measured under gevent by a
+  greenlet that asks to wake every :data:`PROBE_INTERVAL` and notes how late it wakes, twice in a
+  row).
+
+Refusals are counted (``workflow_sse_admission_refused_total{reason}``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Iterator
+
+from api.libs import metrics
+from api.libs.errors import ServerBusyError
+
+#: Seconds between the loop-lag probe's wake-ups.
+PROBE_INTERVAL = 0.25
+BUSY_MESSAGE = "this API worker is at capacity; try again after the time Retry-After gives"
+
+
+class Admission:
+    """This process's gate for new event streams. Used from the request's greenlet or thread."""
+
+    def __init__(self, *, max_starting: int, max_lag: float, retry_after_max: int) -> None:
+        self._max_starting = max_starting
+        self._max_lag = max_lag
+        self._retry_after_max = max(retry_after_max, 1)
+        self.starting = 0
+        #: How far behind the event loop was at the probe's last wake-up, in seconds.
+        self.lag = 0.0
+        self._probe: object | None = None
+
+    @contextlib.contextmanager
+    def start(self) -> Iterator[None]:
+        """Admit one stream for its start (the ``with`` block), or refuse it.
+
+        Raises:
+            ServerBusyError: (503 ``server_busy``) too many streams are starting, or the loop is behind.
+        """
+        self._ensure_probe()
+        reason = None
+        if self._max_starting and self.starting >= self._max_starting:
+            reason = "starting"
+        elif self._max_lag and self.lag >= self._max_lag:
+            reason = "loop_lag"
+        if reason is not None:
+            metrics.ADMISSION_REFUSED.tally.add((reason,))
+            raise ServerBusyError(BUSY_MESSAGE, retry_after=random.randint(1, self._retry_after_max))
+        self.starting += 1
+        try:
+            yield
+        finally:
+            self.starting -= 1
+
+    def _ensure_probe(self) -> None:
+        """Start the loop-lag probe in this process (on first use: never inherited across a fork)."""
+        if self._probe is not None or not self._max_lag or not _gevent_patched():
+            return
+        import gevent
+
+        self._probe = gevent.spawn(self._measure)
+
+    def _measure(self) -> None:
+        import gevent
+
+        previous = 0.0
+        while True:
+            asked = time.monotonic()
+            gevent.sleep(PROBE_INTERVAL)
+            late = max(time.monotonic() - asked - PROBE_INTERVAL, 0.0)
+            # The smaller of two wake-ups in a row: one long stall (a full garbage collection, a slow
+            # import) is behind the loop already; a loop that stays behind is what refuses streams.
+            self.lag, previous = min(late, previous), late
+
+
+def _gevent_patched() -> bool:
+    try:
+        from gevent import monkey
+    except ImportError:  # pragma: no cover - gevent is a dependency
+        return False
+    return bool(monkey.is_module_patched("socket"))

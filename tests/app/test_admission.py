@@ -1,0 +1,46 @@
+"""The admission gate's rules, without a server: how many streams may be starting, a loop behind, and
+the Retry-After a refusal carries (tests/app/test_herd.py refuses through a real gunicorn worker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.libs import metrics
+from api.libs.errors import ServerBusyError
+from api.services.delivery.admission import Admission
+
+
+def test_streams_starting_beyond_the_limit_are_refused_until_one_has_started() -> None:
+    gate = Admission(max_starting=2, max_lag=0, retry_after_max=5)
+    refused = metrics.ADMISSION_REFUSED.tally.values.get(("starting",), [0.0])[0]
+    with gate.start(), gate.start():
+        with pytest.raises(ServerBusyError) as caught, gate.start():
+            pass
+        assert caught.value.code == "server_busy" and caught.value.status == 503
+        assert 1 <= caught.value.retry_after <= 5
+    assert gate.starting == 0
+    with gate.start():  # one has started (or failed): room again
+        assert gate.starting == 1
+    assert metrics.ADMISSION_REFUSED.tally.values.get(("starting",), [0.0])[0] == refused + 1
+
+
+def test_a_stream_that_fails_to_start_leaves_its_place() -> None:
+    gate = Admission(max_starting=1, max_lag=0, retry_after_max=1)
+    with pytest.raises(RuntimeError), gate.start():
+        raise RuntimeError("the store went away")
+    with gate.start():
+        pass
+
+
+def test_a_loop_behind_refuses_streams_with_retry_afters_spread() -> None:
+    gate = Admission(max_starting=0, max_lag=0.5, retry_after_max=4)
+    gate.lag = 0.7
+    waits = set()
+    for _ in range(200):
+        with pytest.raises(ServerBusyError) as caught, gate.start():
+            pass
+        waits.add(caught.value.retry_after)
+    assert waits == {1, 2, 3, 4}
+    gate.lag = 0.1
+    with gate.start():
+        pass
