@@ -15,7 +15,7 @@ from ._contract import (
     TopicCursor,
     TopicSealedError,
 )
-from ._cursor import CursorCodec, CursorPosition
+from ._cursor import CursorCodec, CursorPosition, validate_position
 from ._driver import Driver, Position, TopicHead, TopicInfo
 from ._engine import DEFAULT_BUFFER_SIZE, Engine
 from ._observer import APPEND_OK, APPEND_SEALED, APPEND_UNAVAILABLE, DurableStreamObserver
@@ -139,13 +139,17 @@ class DurableStreamAdmin:
     def cursor_after(self, name: str, epoch: str, ordinal: int) -> TopicCursor:
         """A cursor that resumes strictly after ordinal ``ordinal`` of incarnation ``epoch`` (``0``: the start).
 
-        The inverse of :meth:`cursor_position`. Nothing is checked here: a subscription from the cursor
-        raises ``CursorUnavailableError`` when the incarnation is gone or the ordinal no longer retained.
+        The inverse of :meth:`cursor_position`. The store is not consulted here: a subscription from the
+        cursor raises ``CursorUnavailableError`` when the incarnation is not the topic's (``epoch``), the
+        ordinal is no longer retained (``trimmed``) or was never reached.
+
+        Raises:
+            ValueError: An invalid topic name, an ordinal that is not an integer from 0 to 2**64 - 1, or an
+                epoch that is not a non-empty string of at most 255 UTF-8 bytes (no topic has such a position).
         """
-        if ordinal < 0:
-            raise ValueError("ordinal must not be negative")
-        codec = CursorCodec(self._engine.driver.identity, validate_topic_name(name))
-        return codec.encode(epoch, ordinal, "")
+        name = validate_topic_name(name)
+        validate_position(epoch, ordinal)
+        return CursorCodec(self._engine.driver.identity, name).encode(epoch, ordinal, "")
 
 
 class _Producer(DurableStreamProducer):

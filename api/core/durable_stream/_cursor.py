@@ -18,7 +18,7 @@ from ._contract import CursorUnavailableError, TopicCursor
 from ._driver import Position
 from ._observer import REASON_FOREIGN, REASON_MALFORMED
 
-__all__ = ["CursorCodec", "CursorPosition", "DecodedCursor"]
+__all__ = ["MAX_EPOCH_BYTES", "MAX_ORDINAL", "CursorCodec", "CursorPosition", "DecodedCursor", "validate_position"]
 
 _VERSION = "1"
 _HEADER = struct.Struct(">8sQ")  # topic digest, ordinal
@@ -26,6 +26,9 @@ _CHECKSUM_SIZE = 6
 _MAX_CURSOR_LENGTH = 1024
 _PREFIX = _VERSION + "."
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
+#: The largest ordinal and the longest epoch (UTF-8) a cursor can carry.
+MAX_ORDINAL = 2**64 - 1
+MAX_EPOCH_BYTES = 255
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,6 +112,14 @@ class CursorCodec:
         """The epoch and ordinal of a cursor this codec produced; raises as :meth:`decode` does."""
         decoded = self.decode(cursor)
         return CursorPosition(decoded.epoch, decoded.position.ordinal)
+
+
+def validate_position(epoch: object, ordinal: object) -> None:
+    """Refuse (``ValueError``) a position no cursor can carry; every epoch and ordinal a topic has fits."""
+    if isinstance(ordinal, bool) or not isinstance(ordinal, int) or not 0 <= ordinal <= MAX_ORDINAL:
+        raise ValueError(f"ordinal must be an integer from 0 to {MAX_ORDINAL}")
+    if not isinstance(epoch, str) or not epoch or len(epoch.encode()) > MAX_EPOCH_BYTES:
+        raise ValueError(f"epoch must be a non-empty string of at most {MAX_EPOCH_BYTES} UTF-8 bytes")
 
 
 def _checksum(body: bytes) -> bytes:

@@ -15,6 +15,7 @@ from .backpressure import BackpressureContract
 from .close_threads import CloseAndThreadsContract
 from .cursor_resume import CursorResumeContract
 from .errors import ErrorMappingContract
+from .ordinal_cursors import OrdinalCursorContract
 from .retention import RetentionContract
 from .seal import SealContract
 from .start_positions import StartPositionContract
@@ -27,6 +28,7 @@ __all__ = [
     "CursorResumeContract",
     "DurableStreamContract",
     "ErrorMappingContract",
+    "OrdinalCursorContract",
     "RetentionContract",
     "SealContract",
     "StartPositionContract",
@@ -43,6 +45,7 @@ class DurableStreamContract(
     CloseAndThreadsContract,
     BackpressureContract,
     ErrorMappingContract,
+    OrdinalCursorContract,
     StatefulContract,
 ):
     """Every capability of the contract; subclass once per adapter."""
