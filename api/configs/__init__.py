@@ -156,16 +156,17 @@ class AppConfig(BaseSettings):
         "reconnects to a live run starts from them instead of reading the run again on its own.",
     )
     SSE_MAX_STARTING: int = Field(
-        default=500,
+        default=2000,
         ge=0,
         description="Event streams one API process lets start at once (token, run, subscription, the wait for "
         "the run's writer); more are answered 503 server_busy with Retry-After. 0: no limit.",
     )
     SSE_MAX_LOOP_LAG: float = Field(
-        default=1.0,
+        default=0,
         ge=0,
         description="Seconds an API process's gevent loop may be behind before it refuses new event streams "
-        "(503 server_busy with Retry-After). 0: never.",
+        "(503 server_busy with Retry-After). 0 (the default): never; a herd is served faster in turn than "
+        "refused and retried (docs/benchmarks.md, 'Herds and deploys').",
     )
     SSE_BUSY_RETRY_AFTER_MAX: int = Field(
         default=5,

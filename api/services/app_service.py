@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +45,22 @@ def authenticate(authorization: str | None) -> App:
     key = key.strip()
     if not could_be_credential(key, MAX_API_KEY_LENGTH):
         raise UnauthorizedError("invalid API key")
+    known = _KNOWN_KEYS.get(key)
+    if known is not None and known[0] > time.monotonic():
+        return App(**known[1])  # a copy of the row, in no session: every request may change its own
     app = db.session.execute(select(App).where(App.api_key == key)).scalar_one_or_none()
     if app is None:
         raise UnauthorizedError("invalid API key")
+    if len(_KNOWN_KEYS) >= _KNOWN_KEYS_MAX:
+        _KNOWN_KEYS.clear()
+    _KNOWN_KEYS[key] = (time.monotonic() + KEY_CACHE_SECONDS, {name: getattr(app, name) for name in _APP_COLUMNS})
     return app
+
+
+#: How long a process trusts an API key it has resolved without asking the database again. A herd of
+#: reconnecting clients of one app sends the same key thousands of times a second; an app deleted
+#: from the database is refused by every process within this time.
+KEY_CACHE_SECONDS = 10.0
+_KNOWN_KEYS_MAX = 4096
+_KNOWN_KEYS: dict[str, tuple[float, dict[str, Any]]] = {}
+_APP_COLUMNS = tuple(column.key for column in App.__table__.columns)

@@ -167,8 +167,15 @@ def checked(app: App, run: WorkflowRun) -> WorkflowRun:
     """``run`` after the checks every reader applies, as the reaper would: an expired lease or start
     deadline ends it, a lost task message is queued again, a pending end is written. A run's truth
     must not depend on whether a worker or a sweep happens to be alive."""
-    run_recovery.check_run(app, run)
-    db.session.commit()  # end the read transaction: what the checks changed is seen from here on
+    run_recovery.check_run(app, run)  # (refreshes ``run`` when its row changed)
+    # End the read transaction, so that what the checks changed is seen from here on, without
+    # expiring what is loaded: every reader of a herd would reload its app and run row right after.
+    session = db.session()
+    session.expire_on_commit = False
+    try:
+        session.commit()
+    finally:
+        session.expire_on_commit = True
     return run
 
 

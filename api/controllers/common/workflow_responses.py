@@ -7,9 +7,10 @@ cursors only).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
 from flask import Flask, Response, current_app, request
@@ -63,6 +64,18 @@ def _replay(app_model: App, run: WorkflowRun, mode: str) -> Any:
     return runs.run_blocking(app_model, run, replay=True), 200, replayed
 
 
+def admitted_stream(view: Callable[..., Any]) -> Callable[..., Any]:
+    """Admit an event-stream request before anything else, its credentials included: a worker that
+    cannot take another stream refuses it (503 ``server_busy``) at the least cost (``delivery.admission``)."""
+
+    @functools.wraps(view)
+    def decorated(*args: Any, **kwargs: Any) -> Any:
+        with current_runtime().admission.start():
+            return view(*args, **kwargs)
+
+    return decorated
+
+
 def run_events(app_model: App, task_id: str, user: str) -> Response:
     """``GET …/workflow/<id>/events`` (the run's id or its task's): ``Last-Event-ID`` (header or query),
     ``continue_on_pause`` and ``include_state_snapshot``.
@@ -78,12 +91,6 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
             unknown key, or belongs to another run or user.
         GoneError: (410) see ``delivery.reconnect``.
     """
-    # Refused before any work when this process cannot take another stream (503 server_busy).
-    with current_runtime().admission.start():
-        return _admitted_run_events(app_model, task_id, user)
-
-
-def _admitted_run_events(app_model: App, task_id: str, user: str) -> Response:
     try:
         run = runs.checked(app_model, runs.get_run_by_task(app_model, task_id, user, or_run_id=True))
     except NotFoundError:

@@ -7,7 +7,7 @@ from typing import Any
 from flask import request
 from flask_restful import Resource
 
-from api.controllers.common.workflow_responses import run_events, start_run
+from api.controllers.common.workflow_responses import admitted_stream, run_events, start_run
 from api.libs.errors import InvalidParamError
 from api.models import App
 from api.services import human_input_service as forms
@@ -76,6 +76,7 @@ class HumanInputFormApi(Resource):  # type: ignore[misc]
 class WorkflowEventsApi(Resource):  # type: ignore[misc]
     """``GET /workflow/<id>/events`` (run or task id): (re)attach to a run's events; ``Last-Event-ID`` resumes."""
 
+    @admitted_stream
     @validate_app_token
     def get(self, app_model: App, task_id: str) -> Any:
         user = request.args.get("user")

@@ -7,7 +7,7 @@ from typing import Any
 from flask import request
 from flask_restful import Resource
 
-from api.controllers.common.workflow_responses import run_events, start_run
+from api.controllers.common.workflow_responses import admitted_stream, run_events, start_run
 from api.libs.errors import InvalidParamError, NotFoundError
 from api.models import App
 from api.services import human_input_service as forms
@@ -34,6 +34,7 @@ class WebWorkflowTaskStopApi(Resource):  # type: ignore[misc]
 
 
 class WebWorkflowEventsApi(Resource):  # type: ignore[misc]
+    @admitted_stream
     @validate_passport
     def get(self, app_model: App, end_user: str, task_id: str) -> Any:
         return run_events(app_model, task_id, end_user)

@@ -3,7 +3,7 @@
 A herd (every client of every live run reconnecting after a deploy) must not turn into streams that
 each start, read their run and then time out, nor into store errors for a healthy store. A stream is
 refused with 503 ``server_busy`` and a ``Retry-After`` spread over ``1..retry_after_max`` seconds
-when either
+(longer, up to twice the loop's lag, when it is further behind) when either
 
 - ``max_starting`` streams of this process are still starting (between their request and their
   first bytes: the token, the run's row, the subscription or the wait for the run's writer), or
@@ -17,6 +17,7 @@ Refusals are counted (``workflow_sse_admission_refused_total{reason}``).
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -26,6 +27,8 @@ from api.libs.errors import ServerBusyError
 
 #: Seconds between the loop-lag probe's wake-ups.
 PROBE_INTERVAL = 0.25
+#: The longest Retry-After a refusal carries, however far behind the loop is.
+MAX_RETRY_AFTER = 30
 BUSY_MESSAGE = "this API worker is at capacity; try again after the time Retry-After gives"
 
 
@@ -56,7 +59,10 @@ class Admission:
             reason = "loop_lag"
         if reason is not None:
             metrics.ADMISSION_REFUSED.tally.add((reason,))
-            raise ServerBusyError(BUSY_MESSAGE, retry_after=random.randint(1, self._retry_after_max))
+            # The further behind, the longer the spread: refusals cost the loop too, and a herd told
+            # to come back within seconds would keep it behind.
+            longest = max(self._retry_after_max, min(MAX_RETRY_AFTER, math.ceil(2 * self.lag)))
+            raise ServerBusyError(BUSY_MESSAGE, retry_after=random.randint(1, longest))
         self.starting += 1
         try:
             yield
