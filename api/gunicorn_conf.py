@@ -13,7 +13,9 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
   whose worker died ends within its lease and one sweep even with no Celery worker left and nobody
   reading it.
 - On SIGTERM it drains the worker's event streams (``drain_on_exit``): each ends with a ``retry:`` and
-  its client resumes on another worker.
+  its client resumes on another worker. In a reload (``kill -HUP``) the replaced workers drain once
+  one of the new workers is ready (at most ``graceful_timeout`` - 1.5 s later): their clients keep
+  their streams while the new ones start, then come back to a worker that can take them.
 - It also turns off gevent's greenlet-tree tracking (unless ``GEVENT_TRACK_GREENLET_TREE`` is set): with
   it, every connection's greenlet keeps a copy of the stack that spawned it (about nine frame records
   and their lists), long-lived objects the cyclic GC would scan for as long as the stream is open.
@@ -30,7 +32,10 @@ from __future__ import annotations
 
 import gc
 import os
+import pathlib
 import sys
+import tempfile
+import time
 from typing import Any
 
 DEFAULT_WORKER_CONNECTIONS = 10000
@@ -68,6 +73,44 @@ def post_worker_init(worker: Any) -> None:
             worker.log.warning("GC_PAUSE_LOG_MS=%r is not a number of milliseconds: no GC pause log", threshold)
         else:
             gc.callbacks.append(pause_logger(worker.log, milliseconds / 1000))
+    (_marks(worker.ppid) / f"ready-{worker.pid}").write_text(repr(time.time()))
+
+
+def on_reload(server: Any) -> None:
+    """In the master, as a reload begins: the workers it is about to replace drain once a new one is ready."""
+    (_marks(server.pid) / "reload").write_text(repr(time.time()))
+
+
+def on_exit(server: Any) -> None:
+    import shutil
+
+    shutil.rmtree(_marks(server.pid), ignore_errors=True)
+
+
+def _marks(master_pid: int) -> pathlib.Path:
+    """Where one gunicorn master and its workers leave each other marks: a reload began; a worker is ready."""
+    directory = pathlib.Path(tempfile.gettempdir()) / f"api-gunicorn-{master_pid}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    return directory
+
+
+def successor_ready(master_pid: int, since: float) -> bool:
+    """Whether a worker of this master became ready at ``since`` or later."""
+    for mark in _marks(master_pid).glob("ready-*"):
+        try:
+            if float(mark.read_text() or 0) >= since:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def reload_began(master_pid: int) -> float | None:
+    """When the master's reload in progress began, if one is."""
+    try:
+        return float((_marks(master_pid) / "reload").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def drain_on_exit(worker: Any) -> None:
@@ -85,6 +128,13 @@ def drain_on_exit(worker: Any) -> None:
     app = worker.wsgi
 
     def drain() -> None:
+        began = reload_began(worker.ppid)
+        if began is not None and time.time() - began < worker.cfg.graceful_timeout:
+            # Replaced by a reload: keep the streams until a new worker can take them (it is still
+            # importing the app now), within the graceful timeout.
+            deadline = time.monotonic() + max(0.0, min(10.0, worker.cfg.graceful_timeout - 1.5))
+            while not successor_ready(worker.ppid, began) and time.monotonic() < deadline:
+                gevent.sleep(0.05)
         with app.app_context():
             current_runtime().drain()
 

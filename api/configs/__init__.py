@@ -156,10 +156,11 @@ class AppConfig(BaseSettings):
         "reconnects to a live run starts from them instead of reading the run again on its own.",
     )
     SSE_MAX_STARTING: int = Field(
-        default=2000,
+        default=0,
         ge=0,
         description="Event streams one API process lets start at once (token, run, subscription, the wait for "
-        "the run's writer); more are answered 503 server_busy with Retry-After. 0: no limit.",
+        "the run's writer); more are answered 503 server_busy with Retry-After. 0 (the default): no limit; "
+        "a herd is served sooner in turn than refused and retried (docs/benchmarks.md, 'Herds and deploys').",
     )
     SSE_MAX_LOOP_LAG: float = Field(
         default=0,
