@@ -688,7 +688,12 @@ def herd_main(args: argparse.Namespace, argv: list[str] | None) -> None:
     from . import sse_herd
 
     if args.chart_from:
-        drawn = [row for path in args.chart_from for row in json.loads(path.read_text())["rows"] if "error" not in row]
+        drawn = [
+            {**row, "source": path.stem.removeprefix("sse-")}  # which run each line is, in its legend
+            for path in args.chart_from
+            for row in json.loads(path.read_text())["rows"]
+            if "error" not in row
+        ]
         print(f"chart: {sse_herd.herd_chart(drawn, IMAGES / 'sse-herd-time-to-level.png').relative_to(ROOT)}")
         return
     scenario = args.scenario

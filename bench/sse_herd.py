@@ -790,6 +790,8 @@ def herd_chart(rows: list[dict[str, Any]], path: pathlib.Path) -> pathlib.Path:
             f"{row['clients']:,} @ {row['arrival_rate']:g}/s, {row['workers']} worker(s), "
             f"{row['cursor_share']:.0%} cursors"
         )
+        if row.get("source"):
+            label = f"{row['source']}: {label}"
         axes.plot(*zip(*points, strict=True), label=label)
     axes.axvline(LEVEL_TARGET_S, color="grey", linestyle="--", linewidth=1)
     axes.set_xscale("symlog", linthresh=0.1)
