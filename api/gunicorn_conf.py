@@ -73,7 +73,8 @@ def post_worker_init(worker: Any) -> None:
             worker.log.warning("GC_PAUSE_LOG_MS=%r is not a number of milliseconds: no GC pause log", threshold)
         else:
             gc.callbacks.append(pause_logger(worker.log, milliseconds / 1000))
-    (_marks(worker.ppid) / f"ready-{worker.pid}").write_text(repr(time.time()))
+    if isinstance(getattr(worker, "ppid", None), int):  # a gunicorn worker (not a test's stand-in)
+        (_marks(worker.ppid) / f"ready-{worker.pid}").write_text(repr(time.time()))
 
 
 def on_reload(server: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -49,7 +50,9 @@ def test_an_unreachable_database_is_503_database_unavailable(make_harness: Calla
         body = {"inputs": {"name": "Al"}, "user": "u1", "response_mode": "async"}
         assert harness.post("/v1/workflows/run", key, body).status_code == 202
         server.stop("immediate")  # the pooled connections die with it; the pool's pre-ping finds out
-        for answer in (harness.post("/v1/workflows/run", key, body), harness.get("/v1/workflow/x/events?user=u1", key)):
+        # (An id that could be a run's: the key is known to the process, the run must be looked up.)
+        events = harness.get(f"/v1/workflow/{uuid.uuid4()}/events?user=u1", key)
+        for answer in (harness.post("/v1/workflows/run", key, body), events):
             assert answer.status_code == 503, answer.json
             assert answer.json["code"] == "database_unavailable" and answer.headers["Retry-After"] == "5"
         server.start()
