@@ -226,27 +226,36 @@ def redis_connections(redis: RedisServer, worker_pid: int) -> tuple[int, int]:
     return total, own
 
 
+def start_load_processes(
+    module: str, job: dict[str, Any], key: str, items: list[Any], processes: int
+) -> list[subprocess.Popen[str]]:
+    """Up to ``processes`` children running ``module``, each sent ``job`` with its share of ``items``
+    (as ``job[key]``) as one JSON line on its stdin; their stdout is a pipe of text lines."""
+    children = []
+    for index in range(processes):
+        share = items[index::processes]
+        if not share:
+            continue
+        child = subprocess.Popen(
+            [sys.executable, "-m", module],
+            cwd=ROOT,
+            env=process_env({}),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdin is not None
+        child.stdin.write(json.dumps({**job, key: share}) + "\n")
+        child.stdin.flush()
+        children.append(child)
+    return children
+
+
 class LoadProcesses:
     """``processes`` ``bench.sse_load`` children sharing the clients; their CPU is watched."""
 
     def __init__(self, job: dict[str, Any], task_ids: list[str], processes: int) -> None:
-        self.children: list[subprocess.Popen[str]] = []
-        for index in range(processes):
-            share = task_ids[index::processes]
-            if not share:
-                continue
-            child = subprocess.Popen(
-                [sys.executable, "-m", "bench.sse_load"],
-                cwd=ROOT,
-                env=process_env({}),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            assert child.stdin is not None
-            child.stdin.write(json.dumps({**job, "task_ids": share}) + "\n")
-            child.stdin.flush()
-            self.children.append(child)
+        self.children = start_load_processes("bench.sse_load", job, "task_ids", task_ids, processes)
         self.processes = [psutil.Process(child.pid) for child in self.children]
 
     def read(self) -> list[dict[str, Any]]:

@@ -43,7 +43,6 @@ import random
 import re
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -53,12 +52,11 @@ from typing import Any
 import psutil
 import requests
 
-from harness.processes import ROOT, process_env
 from harness.redis_server import RedisServer
 from harness.served_stack import GunicornServer, ServedStack
 
 from .common import percentile
-from .sse import USER, raise_open_files, stack_env
+from .sse import USER, raise_open_files, stack_env, start_load_processes
 
 PROBE = re.compile(rb'"text":"p(\d+)@(\d+\.\d+)')
 RECORD_FIELDS = (
@@ -248,21 +246,7 @@ class HerdLoad:
         self.progress: dict[int, dict[str, int]] = {}
         self.results: dict[int, dict[str, Any]] = {}
         self._threads = []
-        for index in range(processes):
-            share = specs[index::processes]
-            if not share:
-                continue
-            child = subprocess.Popen(
-                [sys.executable, "-m", "bench.sse_herd_load"],
-                cwd=ROOT,
-                env=process_env({}),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            assert child.stdin is not None
-            child.stdin.write(json.dumps({**job, "clients": share}) + "\n")
-            child.stdin.flush()
+        for child in start_load_processes("bench.sse_herd_load", job, "clients", specs, processes):
             self.children.append(child)
             thread = threading.Thread(target=self._read, args=(len(self.children) - 1, child), daemon=True)
             thread.start()
