@@ -251,9 +251,12 @@ class TopicWriter:
                 self.loaded.set()  # the batch ended because nothing more was ready
 
     def drain(self, retry_ms: Callable[[], int]) -> None:
-        """The process is going away: end every client with a ``retry:`` (each its own wait)."""
+        """The process is going away: end every client with a ``retry:`` (each its own wait), at once: not
+        through the ending lane, which closes a few at a time when the loop is idle (a client comes back
+        only once its connection closes, and the process has its graceful timeout to close them all)."""
         for client in list(self.clients):
-            self._push(client, wire(self._framer.retry(retry_ms()), client.chunked), client.cursor, ends=True)
+            retry = wire(self._framer.retry(retry_ms()), client.chunked)
+            self._push(client, retry, client.cursor, ends=True, at_once=True)
 
     def _framed(self, message: StreamMessage) -> Framed:
         cursor = message.cursor
@@ -283,7 +286,9 @@ class TopicWriter:
             observe_write(delivery.lag_sample)
         self._push(client, wire, cursor, ends=ends)
 
-    def _push(self, client: Follower, wire: bytes, cursor: TopicCursor | None, *, ends: bool) -> None:
+    def _push(
+        self, client: Follower, wire: bytes, cursor: TopicCursor | None, *, ends: bool, at_once: bool = False
+    ) -> None:
         """Write ``wire`` (framed for the client) without waiting; what does not fit goes back to its greenlet."""
         try:
             sent = client.socket.send(wire, 0, 0.0)
@@ -296,16 +301,16 @@ class TopicWriter:
             metrics.HANDBACKS.tally.add(("slow",))
             self._release(client, Outcome("ended" if ends else "resume", cursor, wire[sent:]))
         elif ends:
-            self._release(client, ENDED)
+            self._release(client, ENDED, at_once=at_once)
         else:
             client.cursor = cursor
 
-    def _release(self, client: Follower, outcome: Outcome) -> None:
+    def _release(self, client: Follower, outcome: Outcome, *, at_once: bool = False) -> None:
         if self.clients.pop(client, False) is not None:
             return  # not one of ours any more
         client.writer = None
         metrics.STREAMS_OPEN.tally.add(_TRANSPORT, -1)
-        if outcome.kind == "resume" or outcome.rest:  # it has events to write: at once
+        if outcome.kind == "resume" or outcome.rest or at_once:  # it has events to write, or must end now
             from gevent import get_hub
 
             get_hub().loop.run_callback(client.waiter.switch, outcome)
