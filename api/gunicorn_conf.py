@@ -14,8 +14,9 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
   reading it.
 - On SIGTERM it drains the worker's event streams (``drain_on_exit``): each ends with a ``retry:`` and
   its client resumes on another worker. In a reload (``kill -HUP``) the replaced workers drain once
-  one of the new workers is ready (at most ``graceful_timeout`` - 1.5 s later): their clients keep
-  their streams while the new ones start, then come back to a worker that can take them.
+  the new workers are ready (at most ``graceful_timeout`` - 1.5 s later): their clients keep their
+  streams while the new ones start, then come back to workers that can take them (all of them: the
+  first one ready would otherwise accept every client that comes back).
 - It also turns off gevent's greenlet-tree tracking (unless ``GEVENT_TRACK_GREENLET_TREE`` is set): with
   it, every connection's greenlet keeps a copy of the stack that spawned it (about nine frame records
   and their lists), long-lived objects the cyclic GC would scan for as long as the stream is open.
@@ -95,15 +96,15 @@ def _marks(master_pid: int) -> pathlib.Path:
     return directory
 
 
-def successor_ready(master_pid: int, since: float) -> bool:
-    """Whether a worker of this master became ready at ``since`` or later."""
+def successors_ready(master_pid: int, since: float) -> int:
+    """How many workers of this master became ready at ``since`` or later."""
+    ready = 0
     for mark in _marks(master_pid).glob("ready-*"):
         try:
-            if float(mark.read_text() or 0) >= since:
-                return True
+            ready += float(mark.read_text() or 0) >= since
         except (OSError, ValueError):
             continue
-    return False
+    return ready
 
 
 def reload_began(master_pid: int) -> float | None:
@@ -131,10 +132,11 @@ def drain_on_exit(worker: Any) -> None:
     def drain() -> None:
         began = reload_began(worker.ppid)
         if began is not None and time.time() - began < worker.cfg.graceful_timeout:
-            # Replaced by a reload: keep the streams until a new worker can take them (it is still
-            # importing the app now), within the graceful timeout.
+            # Replaced by a reload: keep the streams until the new workers can take them (they are
+            # still importing the app now), within the graceful timeout.
             deadline = time.monotonic() + max(0.0, min(10.0, worker.cfg.graceful_timeout - 1.5))
-            while not successor_ready(worker.ppid, began) and time.monotonic() < deadline:
+            # All of them: the first one ready would otherwise accept every client that comes back.
+            while successors_ready(worker.ppid, began) < worker.cfg.workers and time.monotonic() < deadline:
                 gevent.sleep(0.05)
         with app.app_context():
             current_runtime().drain()
