@@ -56,6 +56,7 @@ from harness.redis_server import RedisServer
 from harness.served_stack import GunicornServer, ServedStack
 
 from .common import percentile
+from .soak import workflows as soak_workflows
 from .sse import USER, raise_open_files, stack_env, start_load_processes
 
 PROBE = re.compile(rb'"text":"p(\d+)@(\d+\.\d+)')
@@ -82,25 +83,9 @@ LEVEL_TARGET_S = 10.0
 
 
 def streaming_workflow(tokens: int, rate: float) -> dict[str, Any]:
-    """start → LLM streaming ``tokens`` probe tokens at ``rate``/s → end (no pause)."""
-    return {
-        "name": f"SSE herd probe: {tokens} tokens at {rate:g}/s",
-        "mode": "workflow",
-        "graph": {
-            "nodes": [
-                {"id": "start", "type": "start", "variables": [{"name": "name", "required": True}]},
-                {
-                    "id": "llm",
-                    "type": "llm",
-                    "prompt": "Probe {{start.name}}",
-                    "response": " ".join(f"p{index}" for index in range(tokens)),
-                    "token_delay": 1.0 / rate,
-                },
-                {"id": "end", "type": "end", "outputs": {"text": {"variable": "llm.text"}}},
-            ],
-            "edges": [{"source": "start", "target": "llm"}, {"source": "llm", "target": "end"}],
-        },
-    }
+    """start → LLM streaming ``tokens`` probe tokens (``pN``, stamped by ``bench.sse_probe``) at ``rate``/s → end."""
+    name = f"SSE herd probe: {tokens} tokens at {rate:g}/s"
+    return soak_workflows.streaming_workflow(tokens, 1.0 / rate, prefix="p", name=name)
 
 
 def start_streaming_runs(url: str, key: str, runs: int, spread: float) -> list[str]:

@@ -83,7 +83,6 @@ class ServerBusyError(ServiceUnavailableError):
     """This API worker cannot take another event stream now (too many starting, or its loop is behind):
     refused before any work, with a ``Retry-After`` spread at random so that a herd comes back spread."""
 
-    status = 503
     code = "server_busy"
 
     def __init__(self, message: str, *, retry_after: int) -> None:

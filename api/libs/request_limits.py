@@ -89,12 +89,22 @@ class RequestJSONProvider(DefaultJSONProvider):
                 because the parser recurses once per level and would exhaust the stack first).
             ValueError: The text is not strict JSON.
         """
-        text, utf8 = _decoded(s)
-        if json_too_deep(utf8, self.max_depth):
-            raise InvalidParamError(f"the JSON body nests arrays and objects deeper than {self.max_depth} levels")
-        kwargs.setdefault("parse_constant", _refuse_constant)
-        kwargs.setdefault("parse_float", _finite_float)
-        return json.loads(text, **kwargs)
+        return strict_json(s, self.max_depth, **kwargs)
+
+
+def strict_json(s: str | bytes, max_depth: int, **kwargs: Any) -> Any:
+    """Parse JSON text the way the API does (:class:`RequestJSONProvider`), for a body read elsewhere.
+
+    Raises:
+        InvalidParamError: The text nests deeper than ``max_depth``.
+        ValueError: The text is not strict JSON (``NaN``, ``Infinity``, a number out of range included).
+    """
+    text, utf8 = _decoded(s)
+    if json_too_deep(utf8, max_depth):
+        raise InvalidParamError(f"the JSON body nests arrays and objects deeper than {max_depth} levels")
+    kwargs.setdefault("parse_constant", _refuse_constant)
+    kwargs.setdefault("parse_float", _finite_float)
+    return json.loads(text, **kwargs)
 
 
 def json_too_deep(data: bytes, limit: int) -> bool:

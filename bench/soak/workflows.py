@@ -13,10 +13,10 @@ from typing import Any
 FRAME_EVENTS = 8
 
 
-def streaming_workflow(tokens: int, delay: float) -> dict[str, Any]:
-    """start → llm (``tokens`` text chunks, ``delay`` seconds apart) → end."""
+def streaming_workflow(tokens: int, delay: float, *, prefix: str = "t", name: str = "") -> dict[str, Any]:
+    """start → llm (``tokens`` text chunks ``<prefix>0 <prefix>1 …``, ``delay`` seconds apart) → end."""
     return {
-        "name": f"Soak: {tokens} tokens, {delay * 1000:g} ms apart",
+        "name": name or f"Soak: {tokens} tokens, {delay * 1000:g} ms apart",
         "mode": "workflow",
         "graph": {
             "nodes": [
@@ -25,7 +25,7 @@ def streaming_workflow(tokens: int, delay: float) -> dict[str, Any]:
                     "id": "llm",
                     "type": "llm",
                     "prompt": "Say {{start.name}}",
-                    "response": " ".join(f"t{index}" for index in range(tokens)),
+                    "response": " ".join(f"{prefix}{index}" for index in range(tokens)),
                     "token_delay": delay,
                 },
                 {"id": "end", "type": "end", "outputs": {"text": {"variable": "llm.text"}}},

@@ -37,5 +37,5 @@ def test_a_resolved_key_is_trusted_for_a_while_then_asked_again(
         monkeypatch.setattr(app_service, "time", types.SimpleNamespace(monotonic=lambda: later))
         with pytest.raises(UnauthorizedError):
             app_service.authenticate(f"Bearer {created['api_key']}")
-        with pytest.raises(UnauthorizedError):  # and an unknown key is never remembered
+        with pytest.raises(UnauthorizedError):  # and again: only a resolved key is remembered
             app_service.authenticate(f"Bearer {created['api_key']}")

@@ -21,7 +21,6 @@ import requests
 from flask import Flask
 
 from api.core.app.apps.event_codec import unstamped
-from api.core.app.apps.event_transport import WorkflowEventTransport
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, connect
 from api.gunicorn_conf import pause_logger
@@ -314,16 +313,11 @@ def test_only_a_gunicorn_gevent_socket_in_the_clear_is_written_by_a_writer() -> 
         assert writable_socket({"REQUEST_METHOD": "GET"}) is None  # another server
 
 
-def _no_transport() -> WorkflowEventTransport:
-    raise AssertionError("these writers read no topic")
-
-
 def test_ended_responses_close_in_batches_after_the_events_due() -> None:
     """A run's end ends all its clients at once; their closes must not hold up other runs' events."""
     writers = SharedWriters(
         Flask(__name__),
         RunWatcher(Flask(__name__), interval=1, grace=1),
-        _no_transport,
         ping_interval=10,
         idle_timeout=600,
     )
@@ -353,7 +347,6 @@ def test_a_worker_that_is_never_idle_still_ends_responses() -> None:
     writers = SharedWriters(
         Flask(__name__),
         RunWatcher(Flask(__name__), interval=1, grace=1),
-        _no_transport,
         ping_interval=10,
         idle_timeout=600,
     )

@@ -86,6 +86,18 @@ def test_hostile_input_is_refused_without_a_500(tmp_path: pathlib.Path) -> None:
     assert client.put("/hostile/b", headers={"Stream-Expires-At": "yesterday"}).status_code == 400
     assert client.get("/hostile/missing").status_code == 404
     assert client.open(path, method="PATCH").status_code == 405
+    for number in ("NaN", "[1, Infinity]", "1e400"):  # they would reach readers as invalid JSON
+        assert client.post(path, headers={"Content-Type": "application/json"}, data=number).status_code == 400, number
+    producer = {"Content-Type": "application/json", "Producer-Epoch": "0", "Producer-Seq": "0"}
+    assert client.post(path, headers={**producer, "Producer-Id": "p" * 300}, data="1").status_code == 400
+    long_seq = {"Content-Type": "application/json", "Stream-Seq": "9" * 300}
+    assert client.post(path, headers=long_seq, data="1").status_code == 400
+    assert client.get(path).data == b"[1]"  # none of it was stored
+    quoted = '/hostile/q"x'
+    assert client.put(quoted, headers={"Content-Type": "text/plain<script>"}).status_code == 201
+    head, read = client.head(quoted), client.get(quoted)
+    assert head.headers["ETag"] == read.headers["ETag"] and '"' not in head.headers["ETag"][1:-1]
+    assert read.headers["Content-Type"].startswith("application/octet-stream"), read.headers["Content-Type"]
 
 
 def test_api_keys_scope_streams_and_runs(tmp_path: pathlib.Path) -> None:

@@ -28,6 +28,8 @@ __all__ = ["create_blueprint"]
 _TTL = re.compile(r"0|[1-9]\d{0,9}")
 _INTEGER = re.compile(r"\d{1,15}")
 _CONTENT_TYPE = re.compile(r"[\w.+-]+/[\w.+-]+")
+#: The longest Producer-Id or Stream-Seq taken: each is kept in the stream's metadata.
+MAX_HEADER_VALUE = 256
 _ALLOW_HEADERS = (
     "content-type, authorization, if-none-match, Stream-Seq, Stream-TTL, Stream-Expires-At, Stream-Closed, "
     "Producer-Id, Producer-Epoch, Producer-Seq, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset"
@@ -148,7 +150,7 @@ def _header(name: str) -> str | None:
 def _create(registry: StreamRegistry, path: str) -> Response:
     forked_from = _header("Stream-Forked-From")
     content_type = _header("Content-Type")
-    if not content_type or not _CONTENT_TYPE.match(content_type.strip()):
+    if not content_type or not _CONTENT_TYPE.fullmatch(media_type(content_type)):
         content_type = None
     ttl_text, expires_text = _header("Stream-TTL"), _header("Stream-Expires-At")
     if ttl_text is not None and expires_text is not None:
@@ -247,18 +249,21 @@ def _append(registry: StreamRegistry, path: str) -> Response:
         producer_id, epoch, seq = ids
         if producer_id is None or epoch is None or seq is None:
             raise bad_request("Producer-Id, Producer-Epoch and Producer-Seq go together")
-        if not producer_id:
-            raise bad_request("Producer-Id must not be empty")
+        if not producer_id or len(producer_id) > MAX_HEADER_VALUE:
+            raise bad_request(f"Producer-Id must be 1 to {MAX_HEADER_VALUE} characters")
         if not _INTEGER.fullmatch(epoch) or not _INTEGER.fullmatch(seq):
             raise bad_request("Producer-Epoch and Producer-Seq must be non-negative integers")
         producer = writing.Producer(producer_id, int(epoch), int(seq))
+    stream_seq = _header("Stream-Seq")
+    if stream_seq is not None and len(stream_seq) > MAX_HEADER_VALUE:
+        raise bad_request(f"Stream-Seq must be at most {MAX_HEADER_VALUE} characters")
     result = writing.append(
         registry,
         path,
         writing.AppendRequest(
             body=_body(),
             content_type=_header("Content-Type"),
-            seq=_header("Stream-Seq"),
+            seq=stream_seq,
             producer=producer,
             close=_header("Stream-Closed") == "true",
         ),
@@ -280,7 +285,7 @@ def _head(stream: Stream) -> Response:
         response.headers["Stream-TTL"] = str(stream.meta.ttl_seconds)
     if stream.meta.expires_at is not None:
         response.headers["Stream-Expires-At"] = stream.meta.expires_at
-    response.headers["ETag"] = f'"{stream.path}:-1:{stream.tail_offset}{":c" if stream.closed else ""}"'
+    response.headers["ETag"] = live.etag(stream, "-1", stream.tail_offset, stream.closed)
     return response
 
 

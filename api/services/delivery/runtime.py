@@ -58,7 +58,6 @@ class DeliveryRuntime:
         self.writers = SharedWriters(
             app,
             self.watcher,
-            lambda: self.transport,
             ping_interval=config.SSE_PING_INTERVAL,
             idle_timeout=config.SSE_IDLE_TIMEOUT,
             history=config.SSE_WRITER_HISTORY,

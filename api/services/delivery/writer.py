@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 from flask import Flask
 
 from api.core.app.apps.event_codec import encode_event, event_name
-from api.core.app.apps.event_transport import StreamMessage, WorkflowEventTransport
+from api.core.app.apps.event_transport import StreamMessage
 from api.core.app.apps.message_generator import MessageGenerator, StartAt, StreamEvent
 from api.core.app.apps.read_loop import Next, ReadLoop
 from api.core.durable_stream import CLOSED, TopicCursor
@@ -54,7 +54,7 @@ from api.libs import log_context, metrics
 from .endings import EndingLane
 from .followers import ENDED, GONE, PAUSED, Delivery, Follower, Framed, Outcome, both_wires, wire
 from .framing import Framer, observe_write
-from .streams import COALESCE, RunIds, pause_moved_past
+from .streams import COALESCE, RunIds, current_transport, pause_moved_past
 from .watcher import RunWatcher, StreamWatch
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,6 @@ class TopicWriter:
         key: tuple[str, bytes],
         ids: RunIds,
         framer: Framer,
-        cursor: TopicCursor | None,
         epoch: str | None = None,
     ) -> None:
         from gevent.event import Event
@@ -98,11 +97,12 @@ class TopicWriter:
         self._ids = ids
         self._framer = framer
         self._ping_wires = both_wires(framer.ping)
-        #: The position after the last event delivered (``None``: before the topic's first).
-        self.position = cursor
-        #: Whether its history begins with the run's start (it read the topic from its beginning, found
-        #: ``workflow_started`` first on the run's incarnation, and has dropped nothing since).
-        self.complete = cursor is None
+        #: The position after the last event delivered (``None``: before the topic's first; a writer
+        #: always reads its topic from the beginning).
+        self.position: TopicCursor | None = None
+        #: Whether its history is the run's whole: ``workflow_started`` came first, on the run's
+        #: incarnation (``epoch``, when known), and it has dropped nothing since.
+        self.complete = True
         self._epoch = epoch
         #: Set once it has read what its topic held when it started (or it stopped).
         self.loaded = Event()
@@ -168,11 +168,10 @@ class TopicWriter:
         watcher = None
         try:
             with app.app_context(), log_context.bound(fields):
-                transport = self._registry.transport()
-                start = StartAt.BEGINNING if self.position is None else self.position
-                subscription = MessageGenerator.retrieve_events(transport, ids.topic, start)
+                transport = current_transport()
+                subscription = MessageGenerator.retrieve_events(transport, ids.topic, StartAt.BEGINNING)
                 subscription.__enter__()
-                if self.complete and self._epoch is not None:  # checked after entering, as a reader alone does
+                if self._epoch is not None:  # checked after entering, as a reader alone does
                     info = transport.topic_info(ids.topic)
                     self.complete = info is not None and info.epoch == self._epoch
                 watcher = self._registry.watcher
@@ -346,7 +345,6 @@ class SharedWriters:
         self,
         app: Flask,
         watcher: RunWatcher,
-        transport: Callable[[], WorkflowEventTransport],
         *,
         ping_interval: float,
         idle_timeout: float,
@@ -354,7 +352,6 @@ class SharedWriters:
     ) -> None:
         self._app = app
         self.watcher = watcher
-        self.transport = transport
         self.ping_interval, self.idle_timeout = ping_interval, idle_timeout
         #: Events a writer keeps after delivering them, for the clients that arrive or join behind it.
         self.history = max(history, 1)
@@ -370,16 +367,8 @@ class SharedWriters:
         """
         import gevent
 
-        writer = self._writers.get(key)
-        if writer is None:
-            writer = self._start(key, ids, framer, None)
-        if not writer.loaded.is_set():
-            writer.expected += 1
-            writer.arrived_at = time.monotonic()
-            try:
-                writer.loaded.wait(ARRIVAL_PATIENCE)
-            finally:
-                writer.expected -= 1
+        writer = self._loaded(key, ids, framer)
+        writer.expected -= 1  # (joining, or reading on alone: either way no longer expected)
         if writer.join(client, cursor):
             return True
         # The client may be a step ahead: the event it just sent woke the writer too, which has
@@ -399,32 +388,33 @@ class SharedWriters:
         """
         if self.watcher.draining:
             return None
-        writer = self._writers.get(key)
-        if writer is None:
-            writer = self._start(key, ids, framer, None, epoch)
-        writer.expected += 1  # keeps it alive, without clients, until this one joins or gives up
-        writer.arrived_at = time.monotonic()
-        try:
-            if not writer.loaded.is_set():
-                writer.loaded.wait(ARRIVAL_PATIENCE)
-            missed = writer.missed_after(start)
-        except BaseException:
-            writer.expected -= 1
-            raise
+        writer = self._loaded(key, ids, framer, epoch)
+        missed = writer.missed_after(start)
         if missed is None:
             writer.expected -= 1
             return None
         return Arrival(writer, missed, missed[-1].cursor if missed else start, pause_ends=not writer.stale_pause)
 
-    def _start(
-        self, key: tuple[str, bytes], ids: RunIds, framer: Framer, cursor: TopicCursor | None, epoch: str | None = None
-    ) -> TopicWriter:
+    def _loaded(self, key: tuple[str, bytes], ids: RunIds, framer: Framer, epoch: str | None = None) -> TopicWriter:
+        """The topic's writer (started at the topic's beginning if there is none) once it has read what
+        the topic holds, or :data:`ARRIVAL_PATIENCE` has passed. The caller is counted as ``expected``
+        (which keeps a writer without clients alive) until it joins or lets go."""
         import gevent
 
-        writer = TopicWriter(self, key, ids, framer, cursor, epoch)
-        self._writers[key] = writer
-        metrics.WRITERS_OPEN.tally.add(())
-        gevent.spawn(writer.run, self._app)
+        writer = self._writers.get(key)
+        if writer is None:
+            writer = TopicWriter(self, key, ids, framer, epoch)
+            self._writers[key] = writer
+            metrics.WRITERS_OPEN.tally.add(())
+            gevent.spawn(writer.run, self._app)
+        writer.expected += 1
+        writer.arrived_at = time.monotonic()
+        if not writer.loaded.is_set():
+            try:
+                writer.loaded.wait(ARRIVAL_PATIENCE)
+            except BaseException:
+                writer.expected -= 1
+                raise
         return writer
 
     def drain(self, retry_ms: Callable[[], int]) -> int:

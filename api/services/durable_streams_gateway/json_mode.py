@@ -11,7 +11,13 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from api.libs.errors import InvalidParamError
+from api.libs.request_limits import strict_json
+
 from .errors import bad_request
+
+#: Arrays and objects inside each other that an appended JSON body may hold (twice the API's default).
+MAX_DEPTH = 64
 
 __all__ = ["fragment_of", "is_json", "join_fragments", "values_of"]
 
@@ -31,8 +37,8 @@ def fragment_of(body: bytes, *, allow_empty: bool = False) -> bytes:
         GatewayError: 400 for text that is not JSON, and for an empty array unless ``allow_empty``.
     """
     try:
-        value = json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        value = strict_json(body, MAX_DEPTH)  # (NaN and Infinity would reach readers as invalid JSON)
+    except (ValueError, InvalidParamError) as exc:
         raise bad_request("invalid JSON") from exc
     if isinstance(value, list):
         if not value:

@@ -77,7 +77,8 @@ def body_of(stream: Stream, records: list[Record]) -> bytes:
     return join_fragments(payloads) if stream.json else b"".join(payloads)
 
 
-def _etag(stream: Stream, start: str, end: str, closed: bool) -> str:
+def etag(stream: Stream, start: str, end: str, closed: bool) -> str:
+    """The ETag of a read of ``stream`` from ``start`` to ``end`` (its path encoded: a path may hold quotes)."""
     path = base64.b64encode(stream.path.encode()).decode()
     return f'"{path}:{start}:{end}{":c" if closed else ""}"'
 
@@ -86,7 +87,7 @@ def catch_up(
     registry: StreamRegistry, stream: Stream, start: str, after: int, max_bytes: int, if_none_match: str | None
 ) -> ReadResult:
     records = stream.reader(registry.backend).read(after, stream.tail, max_bytes, _READ_TIMEOUT)
-    last = records[-1].ordinal if records else max(after, stream.tail if after >= stream.tail else after)
+    last = records[-1].ordinal if records else after
     up_to_date = last >= stream.tail
     headers = {"Content-Type": stream.content_type, "Stream-Next-Offset": stream.offset(last)}
     if up_to_date:
@@ -94,10 +95,10 @@ def catch_up(
     closed = stream.closed and up_to_date
     if closed:
         headers["Stream-Closed"] = "true"
-    etag = _etag(stream, start, headers["Stream-Next-Offset"], closed)
-    headers["ETag"] = etag
-    if if_none_match is not None and if_none_match == etag:
-        return ReadResult(304, b"", {"ETag": etag})
+    tag = etag(stream, start, headers["Stream-Next-Offset"], closed)
+    headers["ETag"] = tag
+    if if_none_match is not None and if_none_match == tag:
+        return ReadResult(304, b"", {"ETag": tag})
     return ReadResult(200, body_of(stream, records), headers)
 
 
