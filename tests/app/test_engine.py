@@ -206,3 +206,13 @@ def test_form_defaults_are_resolved_to_strings_as_dify_clients_read_them() -> No
     form = events[-2]["data"]
     assert form["resolved_default_values"] == {"approved": "false", "note": "ok"}
     assert form["inputs"][0]["default"] == {"type": "constant", "value": False}
+
+
+def test_form_tokens_never_begin_with_a_dash() -> None:
+    """A token is pasted into shells: one in 64 URL-safe tokens would otherwise begin with an option's dash."""
+    from api.core.workflow.engine import new_ticket
+
+    tokens = {new_ticket(0).form_token for _ in range(2_000)}
+    assert len(tokens) == 2_000
+    assert not [token for token in tokens if token.startswith("-")]
+    assert all(len(token) == 22 for token in tokens)

@@ -188,3 +188,15 @@ def test_output_without_a_terminal_never_wraps_an_id(sdk: Sdk) -> None:
     header = printed.stdout.splitlines()[0]
     ids = header.split()
     assert header.startswith("run ") and len(ids[1]) == 36 and len(ids[3]) == 36, printed.stdout
+
+
+def test_a_token_that_begins_with_a_dash_is_read_as_the_token() -> None:
+    """URL-safe tokens may begin with "-"; argparse alone would take one for an unknown option and exit 2."""
+    from harness.processes import free_port
+
+    dead = ("--base-url", f"http://127.0.0.1:{free_port()}", "--app-key", "app-x", "--max-attempts", "1")
+    shown = ("form", "-Wq3tokenXYZ_abcdefghi", "--json", *dead)
+    submitted = ("submit-form", "--Wq3tokenXYZ_abcdefgh", "--inputs", "{}", *dead)
+    for argv in (shown, submitted):
+        status, _, err = dwe(*argv)
+        assert status == 5, err  # reached the request (and found no server), not a usage error

@@ -69,8 +69,14 @@ FormOpener = Callable[[Node, Mapping[str, Any]], None]
 
 
 def new_ticket(expiration_time: int) -> FormTicket:
-    """A form's id and its token: 128 random bits, 22 URL-safe characters."""
-    return FormTicket(str(uuid.uuid4()), secrets.token_urlsafe(16), expiration_time)
+    """A form's id and its token: 128 random bits, 22 URL-safe characters, never beginning with ``-``.
+
+    A token is pasted into shells and command lines, where a leading ``-`` reads as an option.
+    """
+    token = secrets.token_urlsafe(16)
+    while token.startswith("-"):
+        token = secrets.token_urlsafe(16)
+    return FormTicket(str(uuid.uuid4()), token, expiration_time)
 
 
 @dataclasses.dataclass

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -105,9 +106,24 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+#: Commands whose first argument is a token: URL-safe tokens may begin with "-", which argparse takes for an option.
+TOKEN_COMMANDS = frozenset({"form", "submit-form"})
+#: What our options look like; a 22-character token of lowercase letters and hyphens only is not worth a rule.
+OPTION = re.compile(r"-h|--[a-z][a-z-]*(=.*)?", re.DOTALL)
+
+
+def _token_last(argv: list[str]) -> list[str]:
+    """Moves a token that looks like an option behind ``--`` so argparse reads it as the positional it is."""
+    if len(argv) < 2 or argv[0] not in TOKEN_COMMANDS or not argv[1].startswith("-") or "--" in argv:
+        return argv
+    if OPTION.fullmatch(argv[1]):
+        return argv
+    return [argv[0], *argv[2:], "--", argv[1]]
+
+
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None, errors: Console | None = None) -> int:
     """The CLI; returns the exit status (the console script exits with it)."""
-    args = parser().parse_args(argv)
+    args = parser().parse_args(_token_last(sys.argv[1:] if argv is None else list(argv)))
     # Without a terminal nothing is wrapped: an id cut in two cannot be copied or grepped.
     out = console or (Console() if sys.stdout.isatty() else Console(width=UNWRAPPED, soft_wrap=True))
     err = errors or Console(stderr=True)
