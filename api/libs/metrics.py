@@ -225,6 +225,15 @@ ARRIVALS = _metric(
     roles=frozenset({API}),
     known=_each("shared", "alone"),
 )
+RUN_LOOKUPS = _metric(
+    "workflow_sse_run_lookups_total",
+    "counter",
+    "How event streams found their run: its row read from the database (database), or a recent copy kept "
+    "by the run's shared writer in this process (writer).",
+    "source",
+    roles=frozenset({API}),
+    known=_each("database", "writer"),
+)
 RESUMES = _metric(
     "workflow_sse_resumes_total",
     "counter",
@@ -328,6 +337,7 @@ METRICS: tuple[Metric, ...] = (
     HANDBACKS,
     ADMISSION_REFUSED,
     ARRIVALS,
+    RUN_LOOKUPS,
     RESUMES,
     LAG,
     REPLAYED,

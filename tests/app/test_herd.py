@@ -27,6 +27,7 @@ pytestmark = pytest.mark.timeout(180)
 CLIENTS = 120
 ARRIVALS = "workflow_sse_arrivals_total"
 READ = "durable_stream_records_read_total"
+LOOKUPS = "workflow_sse_run_lookups_total"
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +83,20 @@ def test_a_herd_onto_a_live_run_starts_from_its_writer_and_reads_the_run_once(
         events, _, _ = read(f"{events_url}&include_state_snapshot=true", key)
         return None, events
 
-    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:  # all at once, while the run streams
+    def intrude(index: int) -> int:
+        """Another user of the app, or the run's user with another app's key, while the herd is served
+        from the writer's copy of the run's row: never let in by that copy."""
+        other_user = f"{url}/v1/workflow/{run_id}/events?user=u2&include_state_snapshot=true"
+        if index % 2:
+            return requests.get(other_user, headers={"Authorization": f"Bearer {key}"}, timeout=30).status_code
+        own = f"{events_url}&include_state_snapshot=true"
+        return requests.get(own, headers={"Authorization": f"Bearer {other_key}"}, timeout=30).status_code
+
+    other_key = served.create_app(slow_greeting(delay=0.02, tokens=3))
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS + 20) as pool:  # all at once, while the run streams
+        intruders = [pool.submit(intrude, index) for index in range(20)]
         copies = list(pool.map(arrive, range(CLIENTS)))
+        assert [intruder.result() for intruder in intruders] == [404] * 20
 
     run = stored(served, run_id)
     assert run[-1]["event"] == "workflow_finished"
@@ -99,6 +112,8 @@ def test_a_herd_onto_a_live_run_starts_from_its_writer_and_reads_the_run_once(
     assert shared == CLIENTS
     assert scraper.value(ARRIVALS, path="alone") == alone_before
     assert scraper.value(READ) - read_before < 3 * len(run)
+    # ... and the run's row: a copy the writer keeps, not a query each (how many depends on the timing).
+    assert scraper.wait_for(LOOKUPS, 1, source="writer") > 0
     assert 500 not in served.statuses()
 
 

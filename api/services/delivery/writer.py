@@ -54,6 +54,7 @@ from api.libs import log_context, metrics
 from .endings import EndingLane
 from .followers import ENDED, GONE, PAUSED, Delivery, Follower, Framed, Outcome, both_wires, wire
 from .framing import Framer, observe_write
+from .run_cards import RunCards
 from .streams import COALESCE, RunIds, current_transport, pause_moved_past
 from .watcher import RunWatcher, StreamWatch
 
@@ -357,6 +358,12 @@ class SharedWriters:
         self.history = max(history, 1)
         self._writers: dict[tuple[str, bytes], TopicWriter] = {}
         self._endings = EndingLane()
+        #: The rows of the runs these writers deliver, for the arrivals at them (:mod:`.run_cards`).
+        self.cards = RunCards(self._delivering)
+
+    def _delivering(self, key: tuple[str, bytes]) -> bool:
+        writer = self._writers.get(key)
+        return writer is not None and writer.alive and writer.loaded.is_set() and not self.watcher.draining
 
     def join(self, key: tuple[str, bytes], client: Follower, cursor: TopicCursor, ids: RunIds, framer: Framer) -> bool:
         """Have the topic's writer serve ``client`` after ``cursor``, if it can continue there exactly.
@@ -427,6 +434,7 @@ class SharedWriters:
     def forget(self, writer: TopicWriter) -> None:
         if self._writers.get(writer.key) is writer:
             del self._writers[writer.key]
+            self.cards.forget(writer.key)
 
     def finish(self, client: Follower, outcome: Outcome) -> None:
         """Wake ``client`` with ``outcome`` to end its response, in its turn (``endings``)."""

@@ -1,0 +1,81 @@
+"""Recent copies of the rows of runs whose writer is open in this process: an arrival without a query.
+
+A herd of clients reconnecting to a live run (after a deploy, every client of every run at once)
+asks for the same row thousands of times a second, and the query with its ORM load was the largest
+part of an arrival's cost. While a run's writer is open here, this process's run watcher applies the
+reaper's checks (``run_recovery.check_run``) to that run every interval and ends the writer's clients
+when the run needs it, so an arrival may use a copy of the row read at most :data:`CARD_SECONDS`
+ago instead of reading and checking it once more. A copy is handed out only while the writer it was
+remembered with is alive and loaded, only to the app and user that own the run, and is never
+extended by its own use: one arrival per run reads the row again every :data:`CARD_SECONDS`.
+Anything else (no card, another user, a stale card) reads the row as before, so every refusal
+still comes from that one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from api.models import WorkflowRun
+
+__all__ = ["CARD_SECONDS", "RunCards"]
+
+#: How old a run's row may be when an arrival uses it instead of reading it. Short beside the run
+#: watcher's interval (a third of the lease), which checks the run meanwhile either way.
+CARD_SECONDS = 2.0
+
+_RUN_COLUMNS = tuple(column.key for column in WorkflowRun.__table__.columns)
+
+WriterKey = tuple[str, bytes]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Card:
+    writer: WriterKey
+    app_id: str
+    end_user: str
+    columns: dict[str, object]
+    read_at: float
+
+
+class RunCards:
+    """This process's cards, by run id and by task id (a client names either). Greenlet-safe: no
+    method yields, so under gevent each runs whole; not meant for several OS threads."""
+
+    def __init__(self, usable: Callable[[WriterKey], bool]) -> None:
+        #: Whether the writer a card was remembered with still delivers its run.
+        self._usable = usable
+        self._cards: dict[str, _Card] = {}
+        self._ids_of: dict[WriterKey, tuple[str, str]] = {}
+
+    def __len__(self) -> int:
+        return len(self._ids_of)
+
+    def remember(self, writer: WriterKey, run: WorkflowRun) -> None:
+        """Keep a copy of ``run``, a row just read and checked, for the arrivals at ``writer``."""
+        card = _Card(writer, run.app_id, run.end_user, {name: getattr(run, name) for name in _RUN_COLUMNS}, _now())
+        self._cards[run.id] = self._cards[run.task_id] = card
+        self._ids_of[writer] = (run.id, run.task_id)
+
+    def recall(self, run_or_task_id: str, *, app_id: str, end_user: str) -> WorkflowRun | None:
+        """A copy of the run's row (in no session: the caller may change its own) if a fresh card of
+        this app and user exists and its writer is usable; ``None`` tells the caller to read the row."""
+        card = self._cards.get(run_or_task_id)
+        if card is None or card.app_id != app_id or card.end_user != end_user:
+            return None
+        if _now() - card.read_at > CARD_SECONDS or not self._usable(card.writer):
+            return None
+        return WorkflowRun(**card.columns)
+
+    def forget(self, writer: WriterKey) -> None:
+        """The writer closed: its run's cards go with it."""
+        for run_id in self._ids_of.pop(writer, ()):
+            card = self._cards.get(run_id)
+            if card is not None and card.writer == writer:
+                del self._cards[run_id]
+
+
+def _now() -> float:
+    return time.monotonic()
