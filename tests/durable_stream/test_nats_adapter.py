@@ -2,14 +2,16 @@
 
 Subjects of topic names, the server version check, stream settings, appends racing from several
 connections (the compare-and-set that keeps ordinals dense), no JetStream consumers however many
-subscriptions, and a backend used across ``fork()``.
+subscriptions, a backend used across ``fork()``, and the gets a cursor built from an ordinal costs.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
+import socket
 import threading
 import time
 import uuid
@@ -350,3 +352,95 @@ def test_prefetched_records_max_records_has_removed_are_not_served(open_nats: An
         assert hooks.nats_prefetched(backend, "limited") >= 11  # the appends' own, at once
         with pytest.raises(CursorUnavailableError):
             subscription.receive(timeout=2)
+
+
+class _RequestTap:
+    """A plain NATS connection that sees the requests sent to subjects (core NATS hands every
+    subscriber a copy; this one never answers), so that a test can count a backend's gets."""
+
+    def __init__(self, port: int, *subjects: str) -> None:
+        self._sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self._buffer = b""
+        self._line()  # INFO
+        commands = [b"CONNECT {}"] + [f"SUB {subject} {sid}".encode() for sid, subject in enumerate(subjects, 1)]
+        self._sock.sendall(b"\r\n".join(commands) + b"\r\n")
+        self.requests()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self._buffer:
+            chunk = self._sock.recv(65536)
+            assert chunk, "the tap's connection closed"
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\r\n")
+        return line
+
+    def _payload(self, size: int) -> bytes:
+        while len(self._buffer) < size + 2:
+            chunk = self._sock.recv(65536)
+            assert chunk, "the tap's connection closed"
+            self._buffer += chunk
+        payload, self._buffer = self._buffer[:size], self._buffer[size + 2 :]
+        return payload
+
+    def requests(self) -> list[bytes]:
+        """The payloads of the requests seen since the last call.
+
+        The server writes a connection's messages in order, and every request seen here was handled
+        before the backend's call returned: what precedes the answer to a PING is all of them.
+        """
+        self._sock.sendall(b"PING\r\n")
+        seen: list[bytes] = []
+        while (line := self._line()) != b"PONG":
+            if line.startswith(b"MSG "):
+                seen.append(self._payload(int(line.split()[-1])))
+            elif line == b"PING":
+                self._sock.sendall(b"PONG\r\n")
+        return seen
+
+
+def test_a_cursor_built_from_an_ordinal_is_found_in_a_few_gets(
+    open_nats: Any, nats_server: NatsServer, stream: str
+) -> None:
+    """A cursor from ``admin.cursor_after`` carries no stream sequence, and a topic's records share the
+    stream's sequences with every other topic. Found by the contract suite: a subscription from an
+    ordinal more than one read past the topic's first record failed (the adapter looked for it only
+    among the records of one read from the start). Now the place to read from is found with a few
+    gets: none near the start, one in a topic alone on its stream, and in a topic whose records lie
+    unevenly among others' not many more than halving the sequences down to half a read would take."""
+    backend = open_nats()  # reads of 128 records: the search ends within 64 ordinals of the position
+    count = 400
+    for index in range(count):
+        backend.topic("alone").append(f"r{index}".encode())
+    for index in range(count):
+        backend.topic("spread").append(f"r{index}".encode())
+        # Dense at first, then among bursts of another topic's records.
+        for _ in range(0 if index < 200 else 10):
+            backend.topic("other").append(b"x")
+    sequences = 2 * count + 10 * (count - 200)
+    most = 2 * math.ceil(math.log2(sequences / 64))
+    expected = [f"r{index}".encode() for index in range(count)]
+    tap = _RequestTap(nats_server.port, f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}")
+    try:
+        for name in ("alone", "spread"):
+            epoch = backend.admin.create_topic(name).epoch
+            for ordinal in (0, 1, 64, 65, 127, 128, 199, 200, 201, 250, 333, count - 1, count):
+                tap.requests()
+                cursor = backend.admin.cursor_after(name, epoch, ordinal)
+                with backend.topic(name).subscribe_from_cursor(cursor) as resumed:
+                    assert [r.payload for r in drain(resumed, count - ordinal)] == expected[ordinal:]
+                    assert resumed.receive(timeout=0) is None
+                gets = [json.loads(request) for request in tap.requests()]
+                # The search's gets: one message from a sequence (a batch's get asks for several, the
+                # first retained message's starts at sequence 1).
+                probes = [get["seq"] for get in gets if "batch" not in get and get.get("seq", 1) > 1]
+                if ordinal <= 64 or ordinal == count:
+                    assert probes == [], (name, ordinal)
+                elif name == "alone":
+                    assert len(probes) == 1, (name, ordinal, probes)
+                else:
+                    assert len(probes) <= most, (name, ordinal, probes)
+    finally:
+        tap.close()

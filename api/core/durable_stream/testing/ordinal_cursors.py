@@ -2,9 +2,10 @@
 ``admin.cursor_position`` (:class:`~api.core.durable_stream.CursorPosition`) and ``admin.cursor_after``.
 
 A cursor maps to its topic's incarnation and a record's ordinal and back exactly; a cursor built from an
-ordinal resumes where the delivered cursor of that record does; and a position that is not one of this
-topic's retained positions (malformed, another topic's, another incarnation's, behind retention or past
-the tail) is a :class:`~api.core.durable_stream.CursorUnavailableError`, never a silent fallback.
+ordinal resumes where the delivered cursor of that record does, however far into the topic; and a
+position that is not one of this topic's retained positions (malformed, another topic's, another
+incarnation's, behind retention or past the tail) is a
+:class:`~api.core.durable_stream.CursorUnavailableError`, never a silent fallback.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ MALFORMED = [
     "\x00",
     "☃",
 ]
+#: Records of a long topic: more than two reads of the default size (128 records) bring.
+LONG_TOPIC = 320
 #: Topic names the library refuses.
 BAD_NAMES: list[object] = ["", "x" * 513, "a\0b", None, 42]
 
@@ -223,6 +226,57 @@ class OrdinalCursorContract(ContractBase):
             if ordinal:  # the same suffix as the cursor delivered with record ``ordinal``
                 with topic.subscribe_from_cursor(delivered[ordinal - 1]) as resumed:
                     assert [r.payload for r in drain(resumed, count - ordinal)] == items[ordinal:]
+
+    def test_cursor_after_finds_ordinals_far_into_a_long_topic(
+        self, backend: DurableStreamBackend, topic: DurableStreamTopic, topic_name: str
+    ) -> None:
+        # A position is found wherever it lies, not only within the first read from the start.
+        count = LONG_TOPIC
+        items = payloads(count)
+        append_all(topic, items)
+        epoch = epoch_of(backend, topic_name)
+        with topic.subscribe_from_beginning() as subscription:
+            delivered = [r.cursor for r in drain(subscription, count)]
+        for ordinal in (0, 1, 127, 128, 129, 200, count - 1, count):
+            with topic.subscribe_from_cursor(backend.admin.cursor_after(topic_name, epoch, ordinal)) as resumed:
+                records = drain(resumed, count - ordinal)
+                assert_idle(resumed)
+            assert [r.payload for r in records] == items[ordinal:]
+            positions = [backend.admin.cursor_position(topic_name, r.cursor) for r in records]
+            assert positions == [CursorPosition(epoch, later) for later in range(ordinal + 1, count + 1)]
+        # A delivered cursor's position, built back into a cursor, resumes where the delivered one does.
+        for ordinal in (129, 200, 257, count - 1):
+            position = backend.admin.cursor_position(topic_name, delivered[ordinal - 1])
+            assert position == CursorPosition(epoch, ordinal)
+            built = backend.admin.cursor_after(topic_name, position.epoch, position.ordinal)
+            for cursor in (delivered[ordinal - 1], built):
+                with topic.subscribe_from_cursor(cursor) as resumed:
+                    assert [r.payload for r in drain(resumed, count - ordinal)] == items[ordinal:]
+                    assert_idle(resumed)
+
+    def test_cursor_after_far_into_a_long_topic_still_refuses_trimmed_and_old_positions(
+        self, backend: DurableStreamBackend, topic: DurableStreamTopic, topic_name: str
+    ) -> None:
+        count = LONG_TOPIC
+        items = payloads(count)
+        append_all(topic, items)
+        old_epoch = epoch_of(backend, topic_name)
+        backend.admin.trim_topic(topic_name, keep_last=100)  # ordinals 221 to 320 remain
+        for ordinal in (0, 129, 200, 219):
+            assert refused(topic, backend.admin.cursor_after(topic_name, old_epoch, ordinal)).reason == "trimmed"
+        for ordinal in (220, 221, 300):
+            with topic.subscribe_from_cursor(backend.admin.cursor_after(topic_name, old_epoch, ordinal)) as resumed:
+                assert [r.payload for r in drain(resumed, count - ordinal)] == items[ordinal:]
+                assert_idle(resumed)
+        # A re-created topic as long as the old one: the old incarnation's positions are not resolved
+        # against the new records, however far into them they would fall.
+        backend.admin.delete_topic(topic_name)
+        new_epoch = backend.admin.create_topic(topic_name).epoch
+        append_all(topic, payloads(count, "new"))
+        for ordinal in (0, 200, 300, count):
+            assert refused(topic, backend.admin.cursor_after(topic_name, old_epoch, ordinal)).reason == "epoch"
+        with topic.subscribe_from_cursor(backend.admin.cursor_after(topic_name, new_epoch, 200)) as resumed:
+            assert [r.payload for r in drain(resumed, count - 200)] == payloads(count, "new")[200:]
 
     def test_cursor_after_round_trips_through_cursor_position(
         self, backend: DurableStreamBackend, topic_name: str

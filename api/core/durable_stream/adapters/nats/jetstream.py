@@ -4,9 +4,9 @@ Only a handful of requests are used, all of them without JetStream consumers:
 
 - a compare-and-set publish (``Nats-Expected-Last-Subject-Sequence``) for every append, seal and
   marker;
-- direct gets (``$JS.API.DIRECT.GET``): the last message of a subject (``last_by_subj``), the first
-  (``next_by_subj`` from sequence 1) and batches of the next messages of a subject from a sequence
-  (``batch``, NATS Server ≥ 2.11), answered by any replica;
+- direct gets (``$JS.API.DIRECT.GET``): the last message of a subject (``last_by_subj``), its first
+  message from a sequence (``next_by_subj``; from sequence 1, its first retained) and batches of the
+  next messages of a subject from a sequence (``batch``, NATS Server ≥ 2.11), answered by any replica;
 - a purge of one subject (``filter``, optionally ``keep``) for trims and deletes, followed by a
   notice on the topic's republish subject.
 
@@ -351,10 +351,14 @@ class JetStream:
 
     async def first(self, subject: str) -> StreamMessage | None:
         """The first retained message of ``subject``, or ``None``."""
+        return await self.next_message(subject, 1)
+
+    async def next_message(self, subject: str, seq: int) -> StreamMessage | None:
+        """The first retained message of ``subject`` with a sequence from ``seq`` on, or ``None``."""
+        request = {"seq": max(seq, 1), "next_by_subj": subject}
         if self._replicated:
-            return await self._from_leader({"seq": 1, "next_by_subj": subject})
-        request = json.dumps({"seq": 1, "next_by_subj": subject}).encode()
-        return await self._direct(f"$JS.API.DIRECT.GET.{self._stream}", request)
+            return await self._from_leader(request)
+        return await self._direct(f"$JS.API.DIRECT.GET.{self._stream}", json.dumps(request).encode())
 
     async def _from_leader(self, request: dict[str, Any]) -> StreamMessage | None:
         """A message get answered by the stream leader: with replicas, a direct get may come from a

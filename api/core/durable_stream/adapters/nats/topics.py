@@ -25,6 +25,7 @@ from ..._contract import DurableStreamUnavailableError, TopicSealedError
 from ..._driver import Batch, Position, StoredRecord, TopicHead
 from .cache import ReadCache
 from .jetstream import JetStream, WrongSequenceError, acknowledged_sequence
+from .locate import locate
 from .loop import raw_lock
 from .messages import KIND_CREATED, KIND_RECORD, KIND_SEALED, KIND_TRIMMED, StreamMessage
 from .prefetch import LivePrefetch
@@ -290,6 +291,10 @@ class TopicStore:
                 previous = int(after.native)
             except ValueError:
                 previous = None  # not a sequence: read from the first message and skip by ordinal
+        # A message read after ``previous`` that the reader has passed means another incarnation only
+        # when ``previous`` is the reader's own record, not a message found before its position.
+        own = previous
+        located: StreamMessage | None = None
         js = self._js
         for attempt in range(_READ_ATTEMPTS):
             # The head and what follows are asked for at once (one round trip): the records from the
@@ -315,6 +320,14 @@ class TopicStore:
                 # At (or past) the tail: nothing to read, and no gap can lie before the tail.
                 head = TopicHead(last.epoch, last.ordinal + 1, last.ordinal, sealed, str(last.seq))
                 return Batch(head=head, records=())
+            if own is None and after.ordinal and (located is None or located.epoch != last.epoch):
+                # A cursor built from an ordinal carries no sequence, and a batch from the topic's
+                # start need not reach it: read from a message at most half a batch before it, so
+                # that the batch brings at least as many records after it (found again in a topic
+                # re-created since). Not found, the position is behind retention (or the topic
+                # changed meanwhile): a read from the start says so.
+                located = None if first is None else await locate(js, subject, after.ordinal, limit // 2, first, last)
+                previous = None if located is None else located.seq
             records = None if first is None else self._cached(subject, previous, after.ordinal, first, last, limit)
             if records is None:
                 if messages is None:
@@ -342,7 +355,7 @@ class TopicStore:
                 continue
             if exact.first > after.ordinal + 1:
                 return Batch(head=exact, records=())  # removed by retention: the reader reports the gap
-            after_reader = messages[0] if messages and previous is not None and messages[0].seq > previous else None
+            after_reader = messages[0] if messages and own is not None and messages[0].seq > own else None
             if after_reader is not None and (
                 _passed(after_reader, after)
                 or (after_reader.ordinal <= after.ordinal and attempt == _READ_ATTEMPTS - 1)
