@@ -1,34 +1,45 @@
-"""The gateway beyond the conformance suite: 410 behind retention on every adapter, access scoping,
-hostile input, and a store that stops half-way (503)."""
+"""The gateway beyond the conformance suite: 410 behind retention and age retention on every adapter,
+access scoping, hostile input, a store that stops half-way (503), retries after a write that failed
+half-way, and what a request costs in store calls."""
 
 from __future__ import annotations
 
 import json
 import pathlib
+import queue
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
 from api.configs import AppConfig
-from api.core.durable_stream import connect
+from api.core.durable_stream import DurableStreamUnavailableError, connect
 from api.durable_streams_app import create_gateway_app
 from api.services import app_service
+from api.services.durable_streams_gateway import access
+from api.services.durable_streams_gateway.errors import GatewayError
+from api.services.durable_streams_gateway.metadata import MetadataStore, StreamMeta
+from api.services.retention import enforce_retention
 from harness.processes import ROOT
+from harness.waiting import wait_until
 
 from .gateway import ADAPTERS, adapter_store, adapter_url
+from .store_calls import StoreCalls
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _gateway(tmp_path: pathlib.Path, stream_url: str, *, anonymous: bool = True) -> Flask:
+def _gateway(tmp_path: pathlib.Path, stream_url: str, *, anonymous: bool = True, max_age: float = 0) -> Flask:
     config = AppConfig(
         VAR_DIR=tmp_path,
         SQLALCHEMY_DATABASE_URI=f"sqlite:///{tmp_path / 'app.db'}",
         DURABLE_STREAM_URL=stream_url,
-        DURABLE_STREAM_MAX_AGE_SECONDS=0,
+        DURABLE_STREAM_MAX_AGE_SECONDS=max_age,
         DURABLE_STREAMS_GATEWAY_ANONYMOUS=anonymous,
         DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS=1,
     )
@@ -68,6 +79,22 @@ def test_an_offset_behind_retention_is_410_on_every_adapter(adapter_client: tupl
     assert client.get(f"{path}?offset={tail}").status_code == 410
 
 
+def test_reads_resume_past_one_read_buffer_on_every_adapter(adapter_client: tuple[FlaskClient, str]) -> None:
+    client, _url = adapter_client
+    path, text = f"/long/{uuid.uuid4().hex}", {"Content-Type": "text/plain"}
+    assert client.put(path, headers=text).status_code == 201
+    offsets = []
+    for number in range(300):  # more than the library's read buffer (128 records)
+        response = client.post(path, headers=text, data=f"{number},")
+        assert response.status_code == 204
+        offsets.append(response.headers["Stream-Next-Offset"])
+    response = client.get(f"{path}?offset={offsets[199]}")
+    assert response.status_code == 200
+    assert response.data == "".join(f"{number}," for number in range(200, 300)).encode()
+    long_poll = client.get(f"{path}?offset={offsets[250]}&live=long-poll")
+    assert long_poll.status_code == 200 and long_poll.data.startswith(b"251,")
+
+
 def test_hostile_input_is_refused_without_a_500(tmp_path: pathlib.Path) -> None:
     client = _gateway(tmp_path, adapter_url("memory", tmp_path)).test_client()
     path = "/hostile/a"
@@ -78,12 +105,20 @@ def test_hostile_input_is_refused_without_a_500(tmp_path: pathlib.Path) -> None:
     assert client.post(path, headers={"Content-Type": "application/json"}, data="{").status_code == 400
     assert client.post(path, headers={"Content-Type": "application/json"}, data="[" * 5000).status_code == 400
     assert client.post(path, headers={"Content-Type": "text/plain"}, data="x").status_code == 409
-    assert client.put("/hostile/../etc", headers={"Content-Type": "text/plain"}).status_code in (400, 404)
+    assert client.put("/hostile/../etc", headers={"Content-Type": "text/plain"}).status_code == 400
     assert client.put("/" + "x" * 600, headers={"Content-Type": "text/plain"}).status_code == 400
     headers = {"Content-Type": "application/json", "Producer-Id": "p", "Producer-Epoch": "1e3", "Producer-Seq": "0"}
     assert client.post(path, headers=headers, data="1").status_code == 400
     assert client.put(path, headers={"Content-Type": "text/plain", "Stream-TTL": "-1"}).status_code == 400
     assert client.put("/hostile/b", headers={"Stream-Expires-At": "yesterday"}).status_code == 400
+    assert client.put("/hostile/b", headers={"Stream-Expires-At": "9999-12-31T23:59:59.9-23:59"}).status_code == 201
+    both = {"Stream-TTL": "1", "Stream-Expires-At": "2099-01-01T00:00:00Z"}
+    assert client.put("/hostile/c", headers=both).status_code == 400
+    assert client.put("/hostile/c", headers={"Stream-Fork-Sub-Offset": "1"}).status_code == 400
+    assert client.put("/hostile/c", headers={"Stream-Forked-From": path, "Stream-Fork-Offset": "x"}).status_code == 400
+    assert client.get("/hostile/\x01").status_code == 400
+    with pytest.raises(GatewayError):  # (no HTTP client sends one: WSGI paths are decoded with replacement)
+        access.validate_path("/hostile/\udc80")
     assert client.get("/hostile/missing").status_code == 404
     assert client.open(path, method="PATCH").status_code == 405
     for number in ("NaN", "[1, Infinity]", "1e400"):  # they would reach readers as invalid JSON
@@ -154,3 +189,284 @@ def test_a_store_that_stops_half_way_is_503(tmp_path: pathlib.Path) -> None:
 def test_connect_urls_of_the_adapters_are_valid(tmp_path: pathlib.Path) -> None:
     for adapter in ("memory", "sqlite"):
         connect(adapter_url(adapter, tmp_path)).close()
+
+
+def test_the_metadata_cache_keeps_the_streams_used_last(tmp_path: pathlib.Path) -> None:
+    with connect(adapter_url("memory", tmp_path)) as backend:
+        store = MetadataStore(backend, cache_size=2)
+        for name in ("a", "b", "c"):
+            store.save(f"/{name}", StreamMeta(content_type="text/plain", data_epoch="e", created=0.0, touched=0.0))
+        assert store.cached("/a") is None
+        assert store.load("/a") is not None  # read again, it evicts the least recently used
+        assert store.cached("/b") is None
+        assert store.cached("/c") is not None and store.cached("/a") is not None
+
+
+# Store calls ---------------------------------------------------------------------------------------
+
+
+def test_an_append_costs_three_store_calls(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = _gateway(tmp_path, adapter_url("sqlite", tmp_path))
+    client = app.test_client()
+    plain, ttl = "/calls/plain", "/calls/ttl"
+    text = {"Content-Type": "text/plain"}
+    assert client.put(plain, headers=text).status_code == 201
+    assert client.put(ttl, headers={**text, "Stream-TTL": "3600"}).status_code == 201
+    store = StoreCalls(app.extensions["durable_stream"].backend, monkeypatch)
+    for path in (plain, ttl):
+        for body in ("a", "b", "c"):
+            store.calls.clear()
+            assert client.post(path, headers=text, data=body).status_code == 204
+            # The stream's incarnation and seal, the append, and the tail it reached (Stream-Next-Offset):
+            # the metadata comes from this process's cache, and a TTL slides with a snapshot at most
+            # every quarter TTL, not one per append.
+            assert store.names() == ["topic_info", "append", "topic_info"], (path, body)
+    producer = {**text, "Producer-Id": "p", "Producer-Epoch": "0"}
+    assert client.post(plain, headers={**producer, "Producer-Seq": "0"}, data="d").status_code == 200
+    store.calls.clear()
+    assert client.post(plain, headers={**producer, "Producer-Seq": "1"}, data="e").status_code == 200
+    assert store.names() == ["topic_info", "topic_info", "append", "topic_info", "append"]
+    assert client.get(plain).data == b"abcde"
+
+
+def test_sse_does_not_ask_for_the_streams_info_after_each_live_record(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = _gateway(tmp_path, adapter_url("memory", tmp_path))
+    client = app.test_client()
+    path, text = "/calls/sse", {"Content-Type": "text/plain"}
+    assert client.put(path, headers=text, data="0").status_code == 201
+    tail = client.head(path).headers["Stream-Next-Offset"]
+    store = StoreCalls(app.extensions["durable_stream"].backend, monkeypatch)
+    events: queue.Queue[bytes | None] = queue.Queue()
+    reader: list[int] = []
+
+    def read() -> None:
+        reader.append(threading.get_ident())
+        response = app.test_client().get(f"{path}?offset={tail}&live=sse", buffered=False)
+        try:
+            for chunk in response.response:
+                events.put(chunk)
+        finally:
+            events.put(None)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    received = b""
+    for body in ("1", "2", "3", "4", "5"):
+        while b"upToDate" not in received.rsplit(b"event: data", 1)[-1]:
+            chunk = events.get(timeout=10)
+            assert chunk is not None, received
+            received += chunk
+        received = b""
+        assert client.post(path, headers=text, data=body).status_code == 204
+    assert client.post(path, headers={**text, "Stream-Closed": "true"}).status_code == 204
+    while (chunk := events.get(timeout=10)) is not None:
+        received += chunk
+    thread.join(timeout=10)
+    assert b"data:5" in received and b'"streamClosed":true' in received, received
+    calls = store.names(reader[0])
+    # Two for the stream's load, one to confirm the seal; none per live record.
+    assert calls.count("topic_info") <= 3, calls
+
+
+# Age retention -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_age_retention_keeps_a_stream_in_use(adapter: str, tmp_path: pathlib.Path) -> None:
+    max_age = 2.0
+    with adapter_store(adapter, tmp_path) as url:
+        app = _gateway(tmp_path, url, max_age=max_age)
+        client = app.test_client()
+        backend = app.extensions["durable_stream"].backend
+        path, text = f"/aged/{uuid.uuid4().hex}", {"Content-Type": "text/plain"}
+        assert client.put(path, headers=text, data="a").status_code == 201
+        # Written to (and read) for twice the age: the sweep the app runs removes old records but never
+        # the stream, whose metadata snapshot is older than the age by then.
+        started = time.monotonic()
+        while time.monotonic() - started < 2.5 * max_age:
+            assert client.post(path, headers=text, data="x").status_code == 204
+            with app.app_context():
+                enforce_retention()
+            assert client.head(path).status_code == 200
+            assert client.get(path).status_code == 200
+            time.sleep(max_age / 8)
+
+        # Left alone, the stream goes with its records (both topics), and the path can be used again.
+        def gone() -> bool:
+            with app.app_context():
+                enforce_retention()
+            return backend.admin.topic_info(f"ds:{path}") is None and client.head(path).status_code == 404
+
+        wait_until(gone, 6 * max_age, "the idle stream to age out", interval=0.2)
+        assert client.put(path, headers=text, data="b").status_code == 201
+        assert client.get(path).data == b"b"
+        app.extensions["durable_stream"].close()
+
+
+def test_creates_and_deletes_that_stop_half_way_leave_nothing_in_the_way(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = _gateway(tmp_path, adapter_url("sqlite", tmp_path)).test_client()
+    text = {"Content-Type": "text/plain"}
+    # A create whose records are written but whose final snapshot is not: the retry replaces them.
+    save, saves = MetadataStore.save, []
+
+    def second_save_fails(self: MetadataStore, path: str, meta: Any) -> None:
+        saves.append(meta.pending)
+        if len(saves) == 2:
+            raise DurableStreamUnavailableError("the store went away")
+        save(self, path, meta)
+
+    monkeypatch.setattr(MetadataStore, "save", second_save_fails)
+    assert client.put("/half/create", headers=text, data="a").status_code == 503
+    assert saves == [True, False]
+    monkeypatch.undo()
+    assert client.get("/half/create").status_code == 404
+    assert client.put("/half/create", headers=text, data="a").status_code == 201
+    assert client.get("/half/create").data == b"a"
+    # A delete that removes the records but not the metadata: the stream is gone, and the path free.
+    forget = MetadataStore.forget
+
+    def forget_fails(self: MetadataStore, path: str) -> None:
+        monkeypatch.setattr(MetadataStore, "forget", forget)
+        raise DurableStreamUnavailableError("the store went away")
+
+    monkeypatch.setattr(MetadataStore, "forget", forget_fails)
+    assert client.delete("/half/create").status_code == 503
+    assert client.get("/half/create").status_code == 404
+    assert client.put("/half/create", headers=text, data="b").status_code == 201
+    assert client.get("/half/create").data == b"b"
+
+
+def test_a_stream_stored_before_framing_reads_and_appends_as_before(tmp_path: pathlib.Path) -> None:
+    app = _gateway(tmp_path, adapter_url("sqlite", tmp_path))
+    backend = app.extensions["durable_stream"].backend
+    path = "/old/a"
+    info = backend.admin.create_topic(f"ds:{path}")
+    backend.topic(f"ds:{path}").append(b"raw")
+    snapshot = {"v": 1, "content_type": "text/plain", "data_epoch": info.epoch, "created": 1.0, "touched": 1.0}
+    backend.topic(f"ds-meta:{path}").append(json.dumps(snapshot).encode())
+    client = app.test_client()
+    assert client.get(path).data == b"raw"
+    producer = {"Content-Type": "text/plain", "Producer-Id": "p", "Producer-Epoch": "0", "Producer-Seq": "0"}
+    assert client.post(path, headers=producer, data="+p").status_code == 200
+    assert client.post(path, headers={"Content-Type": "text/plain"}, data="+q").status_code == 204
+    assert client.get(path).data == b"raw+p+q"
+    assert client.post(path, headers=producer, data="+p").status_code == 204
+
+
+def test_records_without_metadata_are_kept_not_deleted(tmp_path: pathlib.Path) -> None:
+    app = _gateway(tmp_path, adapter_url("sqlite", tmp_path))
+    client = app.test_client()
+    backend = app.extensions["durable_stream"].backend
+    path, text = "/orphan/a", {"Content-Type": "text/plain"}
+    assert client.put(path, headers=text, data="precious").status_code == 201
+    backend.admin.delete_topic(f"ds-meta:{path}")
+    assert client.get(path).status_code == 404
+    response = client.put(path, headers=text)
+    assert response.status_code == 409, response.data
+    assert b"metadata" in response.data
+    info = backend.admin.topic_info(f"ds:{path}")
+    assert info is not None and info.length == 1
+    # A stream whose records are gone (a delete that stopped after them) is created afresh.
+    assert client.put("/orphan/b", headers=text, data="x").status_code == 201
+    backend.admin.delete_topic("ds:/orphan/b")
+    assert client.get("/orphan/b").status_code == 404
+    assert client.put("/orphan/b", headers=text, data="y").status_code == 201
+    assert client.get("/orphan/b").data == b"y"
+
+
+# Writes that fail half-way ---------------------------------------------------------------------------
+
+
+def _fail_next_save(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the next metadata save fail (after the record it confirms was appended); count the failures."""
+    failed: list[int] = []
+    save = MetadataStore.save
+
+    def flaky(self: MetadataStore, path: str, meta: Any) -> None:
+        if not failed:
+            failed.append(1)
+            raise DurableStreamUnavailableError("the store went away")
+        save(self, path, meta)
+
+    monkeypatch.setattr(MetadataStore, "save", flaky)
+    return failed
+
+
+def test_a_producer_retry_after_a_write_that_failed_half_way_appends_once(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = _gateway(tmp_path, adapter_url("sqlite", tmp_path)).test_client()
+    path, text = "/retry/a", {"Content-Type": "text/plain"}
+    assert client.put(path, headers=text).status_code == 201
+    producer = {**text, "Producer-Id": "p", "Producer-Epoch": "0"}
+    # The record is appended, then saving the producer's sequence fails: 503, and the client retries.
+    failed = _fail_next_save(monkeypatch)
+    assert client.post(path, headers={**producer, "Producer-Seq": "0"}, data="a").status_code == 503
+    assert failed
+    retry = client.post(path, headers={**producer, "Producer-Seq": "0"}, data="a")
+    assert retry.status_code == 204, retry.data
+    assert retry.headers["Producer-Seq"] == "0"
+    assert client.post(path, headers={**producer, "Producer-Seq": "1"}, data="b").status_code == 200
+    assert client.get(path).data == b"ab"
+    # The same when another producer's write comes between the failure and the retry.
+    monkeypatch.undo()
+    _fail_next_save(monkeypatch)
+    assert client.post(path, headers={**producer, "Producer-Seq": "2"}, data="c").status_code == 503
+    other = {**text, "Producer-Id": "q", "Producer-Epoch": "0", "Producer-Seq": "0"}
+    assert client.post(path, headers=other, data="d").status_code == 200
+    assert client.post(path, headers={**producer, "Producer-Seq": "2"}, data="c").status_code == 204
+    assert client.post(path, headers={**producer, "Producer-Seq": "3"}, data="e").status_code == 200
+    assert client.get(path).data == b"abcde"
+    # An append that closes the stream: the retry is the idempotent success of the close.
+    monkeypatch.undo()
+    _fail_next_save(monkeypatch)
+    closing = {**producer, "Producer-Seq": "4", "Stream-Closed": "true"}
+    assert client.post(path, headers=closing, data="f").status_code == 503
+    retry = client.post(path, headers=closing, data="f")
+    assert retry.status_code == 204 and retry.headers["Stream-Closed"] == "true", retry.data
+    assert client.get(path).data == b"abcdef"
+
+
+def test_a_stream_seq_retry_after_a_write_that_failed_half_way_appends_once(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = _gateway(tmp_path, adapter_url("sqlite", tmp_path)).test_client()
+    path, text = "/retry/seq", {"Content-Type": "text/plain"}
+    assert client.put(path, headers=text).status_code == 201
+    _fail_next_save(monkeypatch)
+    assert client.post(path, headers={**text, "Stream-Seq": "001"}, data="a").status_code == 503
+    assert client.post(path, headers={**text, "Stream-Seq": "001"}, data="a").status_code == 409
+    assert client.post(path, headers={**text, "Stream-Seq": "002"}, data="b").status_code == 204
+    assert client.get(path).data == b"ab"
+
+
+# Streams that expire at once -------------------------------------------------------------------------
+
+
+def test_a_put_whose_stream_expires_at_once_is_created_and_gone(tmp_path: pathlib.Path) -> None:
+    client = _gateway(tmp_path, adapter_url("sqlite", tmp_path)).test_client()
+    text = {"Content-Type": "text/plain"}
+    for path, expiry in (
+        ("/instant/ttl", {"Stream-TTL": "0"}),
+        ("/instant/past", {"Stream-Expires-At": "2000-01-01T00:00:00Z"}),
+    ):
+        # The protocol's answer to a valid create (its TTL is a non-negative integer, Expires-At any
+        # RFC 3339 time): 201, for a stream that has expired by the time anyone reads it.
+        for _ in range(2):
+            response = client.put(path, headers={**text, **expiry}, data="x")
+            assert response.status_code == 201, (path, response.data)
+            assert response.headers["Stream-Next-Offset"]
+            assert client.get(path).status_code == 404
+            assert client.head(path).status_code == 404
+    source = "/instant/source"
+    assert client.put(source, headers=text, data="s").status_code == 201
+    fork = client.put("/instant/fork", headers={**text, "Stream-Forked-From": source, "Stream-TTL": "0"})
+    assert fork.status_code == 201, fork.data
+    assert client.get("/instant/fork").status_code == 404
+    # The expired fork is no fork any more: deleting the source deletes it (no soft delete, 410).
+    assert client.delete(source).status_code == 204
+    assert client.get(source).status_code == 404

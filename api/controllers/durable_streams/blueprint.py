@@ -14,12 +14,13 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from api.configs import AppConfig
 from api.core.durable_stream import CursorUnavailableError, DurableStreamError
-from api.extensions.ext_durable_stream import durable_stream
-from api.services.durable_streams_gateway import access, live, writing
+from api.extensions.ext_durable_stream import durable_stream, retention_max_age
+from api.services.durable_streams_gateway import access, creating, live, writing
+from api.services.durable_streams_gateway.creating import CreateRequest
 from api.services.durable_streams_gateway.errors import GatewayError, bad_request, unavailable
 from api.services.durable_streams_gateway.json_mode import media_type
 from api.services.durable_streams_gateway.offsets import OffsetError, parse_offset
-from api.services.durable_streams_gateway.streams import CreateRequest, Stream, StreamRegistry
+from api.services.durable_streams_gateway.streams import Stream, StreamRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ def _registry() -> StreamRegistry:
     backend = durable_stream()
     registry: StreamRegistry | None = current_app.extensions.get("durable_streams_gateway")
     if registry is None or registry.backend is not backend:
-        registry = current_app.extensions["durable_streams_gateway"] = StreamRegistry(backend)
+        registry = StreamRegistry(backend, max_age=retention_max_age(_config()))
+        current_app.extensions["durable_streams_gateway"] = registry
     return registry
 
 
@@ -98,8 +100,6 @@ def _serve(path: str) -> Response:
         logger.warning("durable streams gateway: %s %s: the store is unavailable: %s", method, path, exc)
         failure = unavailable()
         response = _text(failure.status, failure.message, failure.headers)
-    except ValueError as exc:  # a path the store refuses as a topic name
-        response = _text(400, str(exc))
     if response.status_code >= 500 or response.status_code in (401, 403):
         logger.info("durable streams gateway: %s %s -> %s", method, path, response.status_code)
     _observe(method, response.status_code, time.perf_counter() - started)
@@ -129,6 +129,8 @@ def _dispatch(method: str, path: str) -> Response:
         return Response(status=204)
     stream = registry.load_run(path, target.run_topic) if target.run_topic else registry.load(path)
     if method == "HEAD":
+        # An access that keeps the metadata young under age retention, but does not slide a TTL.
+        registry.touch(stream, slide=False)
         return _head(stream)
     return _read(registry, stream)
 
@@ -183,7 +185,8 @@ def _create(registry: StreamRegistry, path: str) -> Response:
         sub = int(sub_text)
     if forked_from is not None:
         forked_from = _fork_source(forked_from)
-    created, stream = registry.create(
+    created, stream = creating.create(
+        registry,
         path,
         CreateRequest(
             content_type=content_type,
@@ -235,11 +238,11 @@ def _mount_prefix() -> str:
 def _parse_timestamp(text: str) -> float:
     try:
         parsed = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError as exc:
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=datetime.UTC)
+        return parsed.timestamp()
+    except (ValueError, OverflowError) as exc:
         raise bad_request("invalid Stream-Expires-At") from exc
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=datetime.UTC)
-    return parsed.timestamp()
 
 
 def _append(registry: StreamRegistry, path: str) -> Response:

@@ -74,6 +74,11 @@ def validate_path(path: str) -> None:
         raise bad_request("invalid stream path")
     if any(segment in {".", ".."} for segment in path.split("/")):
         raise bad_request("invalid stream path")
+    if not path.isascii():
+        try:
+            path.encode()
+        except UnicodeEncodeError as exc:  # lone surrogates: no store could name a topic after them
+            raise bad_request("invalid stream path") from exc
 
 
 def _caller(authorization: str | None) -> App | None:

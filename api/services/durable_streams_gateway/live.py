@@ -115,14 +115,13 @@ def long_poll(
     if stream.closed:
         headers["Stream-Closed"] = "true"
         return ReadResult(204, b"", headers)
-    reader = stream.reader(registry.backend)
     records: list[Record] = []
-    with reader.open(after) as subscription:
-        first = reader.receive(subscription, timeout)
+    with stream.reader(registry.backend).open(after) as received:
+        first = received.receive(timeout)
         if first is not None:
             records.append(first)
             size = len(first.payload)
-            while size < max_bytes and (following := reader.receive(subscription, 0)) is not None:
+            while size < max_bytes and (following := received.receive(0)) is not None:
                 records.append(following)
                 size += len(following.payload)
     headers["Stream-Cursor"] = response_cursor(cursor)
@@ -182,34 +181,50 @@ def sse_events(
     """Every record after ``after`` as a data event, each followed by a control event; then live ones.
 
     Ends after the control event that says the stream is closed, or after ``max_duration`` (the client
-    reconnects from its last offset).
+    reconnects from its last offset). Whether a live record is the newest is learnt from the
+    subscription (is another one ready?), not from the store: the stream's info is asked for only after
+    a quiet ``keepalive`` and to confirm the end of a sealed topic.
     """
-    reader = stream.reader(registry.backend)
     deadline = time.monotonic() + max_duration
     position = after
     tail = stream.tail
     closed = stream.closed
-    with reader.open(after) as subscription:
+    with stream.reader(registry.backend).open(after) as records:
         if position >= tail:
             yield _control(stream.offset(position), cursor=response_cursor(cursor), up_to_date=True, closed=closed)
             if closed:
                 return
+        ready: Record | None = None
         while time.monotonic() < deadline:
-            record = reader.receive(subscription, keepalive if position >= tail else _READ_TIMEOUT)
-            if record is None:
-                current = registry.refresh(stream)
-                tail, closed = current.tail, current.closed
-                if position >= tail:
-                    yield _control(
-                        stream.offset(position), cursor=response_cursor(cursor), up_to_date=True, closed=closed
-                    )
-                    if closed:
+            if ready is not None:
+                record, ready = ready, None
+            else:
+                received = records.poll(keepalive if position >= tail else _READ_TIMEOUT)
+                if not isinstance(received, Record):
+                    # Quiet, or the subscription ended (a sealed topic's end, or a closed backend).
+                    current = registry.refresh(stream)
+                    tail, closed = current.tail, current.closed
+                    if position >= tail:
+                        yield _control(
+                            stream.offset(position), cursor=response_cursor(cursor), up_to_date=True, closed=closed
+                        )
+                        if closed:
+                            return
+                    if received is not None:  # nothing more comes from an ended subscription: reconnect
                         return
-                continue
+                    continue
+                record = received
             position = record.ordinal
             if position >= tail:
-                current = registry.refresh(stream)
-                tail, closed = current.tail, current.closed
+                following = records.poll(0)
+                if isinstance(following, Record):
+                    ready = following
+                    tail = following.ordinal
+                else:
+                    tail = position
+                    if following is not None:  # the end of a sealed topic, or of the subscription: ask
+                        current = registry.refresh(stream)
+                        tail, closed = max(position, current.tail), current.closed
             at_tail = position >= tail
             # One write for the pair: a client that stops reading after the data event still has its control.
             yield sse_data(stream, record, binary) + _control(

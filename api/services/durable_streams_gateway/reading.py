@@ -1,8 +1,10 @@
 """Reading a topic by ordinal: catch-up reads, and waits for the next records (long-poll and SSE).
 
 Subscriptions resume from cursors; the gateway addresses records by ordinal, so it builds the cursor
-after an ordinal with ``admin.cursor_after`` and learns each record's ordinal from its cursor with
-``admin.cursor_position``.
+after an ordinal with ``admin.cursor_after``. A topic's ordinals are dense (the library's driver
+contract), so a subscription after ordinal ``n`` delivers ``n + 1``, ``n + 2``, ... or fails with
+``CursorUnavailableError``: only the first record's ordinal is read from its cursor
+(``admin.cursor_position``, which decodes it), as a check, and the rest are counted.
 """
 
 from __future__ import annotations
@@ -10,37 +12,87 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 from api.core.durable_stream import (
     CLOSED,
+    Closed,
     CursorUnavailableError,
     DurableStreamBackend,
     DurableStreamSubscription,
 )
 
 from .errors import gone
+from .framing import unframe
 
-__all__ = ["Record", "TopicReader"]
+__all__ = ["Record", "RecordStream", "TopicReader"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Record:
     ordinal: int
     payload: bytes
+    #: The write's tag (:mod:`.framing`), for the records of a framed stream that have one.
+    tag: bytes | None = None
+
+
+class RecordStream:
+    """The records of one entered subscription, with their ordinals."""
+
+    def __init__(
+        self,
+        backend: DurableStreamBackend,
+        topic: str,
+        subscription: DurableStreamSubscription,
+        after: int,
+        framed: bool,
+    ) -> None:
+        self._backend = backend
+        self._topic = topic
+        self._subscription = subscription
+        self._next = after + 1
+        self._checked = False
+        self._framed = framed
+
+    def receive(self, timeout: float) -> Record | None:
+        """The next record, or ``None`` at the timeout or once a sealed topic's records are all read."""
+        received = self.poll(timeout)
+        return None if received is CLOSED else received
+
+    def poll(self, timeout: float) -> Record | Closed | None:
+        """The next record, ``None`` at the timeout, :data:`CLOSED` when the subscription has ended.
+
+        It ends after the last record of a sealed topic, or when it was closed (with its backend).
+        """
+        try:
+            received = self._subscription.receive(timeout=timeout)
+        except CursorUnavailableError as exc:
+            raise gone(f"offset is no longer retained ({exc.reason})") from exc
+        if received is None or received is CLOSED:
+            return received
+        ordinal = self._next
+        if not self._checked:
+            self._checked = True
+            ordinal = self._backend.admin.cursor_position(self._topic, received.cursor).ordinal
+        self._next = ordinal + 1
+        if not self._framed:
+            return Record(ordinal, received.payload)
+        payload, tag = unframe(received.payload)
+        return Record(ordinal, payload, tag)
 
 
 class TopicReader:
     """Records of one topic incarnation after an ordinal."""
 
-    def __init__(self, backend: DurableStreamBackend, topic: str, epoch: str) -> None:
+    def __init__(self, backend: DurableStreamBackend, topic: str, epoch: str, *, framed: bool = False) -> None:
         self._backend = backend
         self._topic = topic
         self._epoch = epoch
+        self._framed = framed
 
     @contextlib.contextmanager
-    def open(self, after: int) -> Iterator[DurableStreamSubscription]:
-        """An entered subscription from just after ``after``; 410 when that is no longer retained."""
+    def open(self, after: int) -> Iterator[RecordStream]:
+        """The records from just after ``after``; 410 when that is no longer retained."""
         cursor = self._backend.admin.cursor_after(self._topic, self._epoch, after)
         subscription = self._backend.topic(self._topic).subscribe_from_cursor(cursor)
         try:
@@ -48,38 +100,35 @@ class TopicReader:
                 subscription.__enter__()
             except CursorUnavailableError as exc:
                 raise gone(f"offset is no longer retained ({exc.reason})") from exc
-            yield subscription
+            yield RecordStream(self._backend, self._topic, subscription, after, self._framed)
         finally:
             subscription.close()
 
     def read(self, after: int, until: int, max_bytes: int, timeout: float) -> list[Record]:
         """Records ``after < ordinal <= until``, stopping early once ``max_bytes`` are collected."""
-        if until <= after:
-            return []
         records: list[Record] = []
         size = 0
-        deadline = time.monotonic() + timeout
-        with self.open(after) as subscription:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                record = self.receive(subscription, remaining)
-                if record is None:
-                    break
+        with contextlib.closing(self.scan(after, until, timeout)) as scanned:
+            for record in scanned:
                 records.append(record)
                 size += len(record.payload)
-                if record.ordinal >= until or size >= max_bytes:
+                if size >= max_bytes:
                     break
         return records
 
-    def receive(self, subscription: DurableStreamSubscription, timeout: float) -> Record | None:
-        """The next record, or ``None`` at the timeout or once a sealed topic's records are all read."""
-        try:
-            received = subscription.receive(timeout=timeout)
-        except CursorUnavailableError as exc:
-            raise gone(f"offset is no longer retained ({exc.reason})") from exc
-        if received is None or received is CLOSED:
-            return None
-        position = self._backend.admin.cursor_position(self._topic, received.cursor)
-        return Record(position.ordinal, received.payload)
+    def scan(self, after: int, until: int, timeout: float) -> Generator[Record, None, None]:
+        """Records ``after < ordinal <= until`` one at a time (fewer if ``timeout`` passes first).
+
+        Close the generator when stopping early: that closes its subscription.
+        """
+        if until <= after:
+            return
+        deadline = time.monotonic() + timeout
+        with self.open(after) as records:
+            while (remaining := deadline - time.monotonic()) > 0:
+                record = records.receive(remaining)
+                if record is None:
+                    return
+                yield record
+                if record.ordinal >= until:
+                    return
