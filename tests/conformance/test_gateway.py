@@ -34,7 +34,7 @@ from .store_calls import StoreCalls
 pytestmark = pytest.mark.timeout(60)
 
 
-def _gateway(tmp_path: pathlib.Path, stream_url: str, *, anonymous: bool = True, max_age: float = 0) -> Flask:
+def gateway_app(tmp_path: pathlib.Path, stream_url: str, *, anonymous: bool = True, max_age: float = 0) -> Flask:
     config = AppConfig(
         VAR_DIR=tmp_path,
         SQLALCHEMY_DATABASE_URI=f"sqlite:///{tmp_path / 'app.db'}",
@@ -49,7 +49,7 @@ def _gateway(tmp_path: pathlib.Path, stream_url: str, *, anonymous: bool = True,
 @pytest.fixture(params=ADAPTERS)
 def adapter_client(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[tuple[FlaskClient, str]]:
     with adapter_store(request.param, tmp_path) as url:
-        app = _gateway(tmp_path, url)
+        app = gateway_app(tmp_path, url)
         yield app.test_client(), url
         app.extensions["durable_stream"].close()
 
@@ -96,7 +96,7 @@ def test_reads_resume_past_one_read_buffer_on_every_adapter(adapter_client: tupl
 
 
 def test_hostile_input_is_refused_without_a_500(tmp_path: pathlib.Path) -> None:
-    client = _gateway(tmp_path, adapter_url("memory", tmp_path)).test_client()
+    client = gateway_app(tmp_path, adapter_url("memory", tmp_path)).test_client()
     path = "/hostile/a"
     assert client.put(path, headers={"Content-Type": "application/json"}, data="[1]").status_code == 201
     for offset in ("x", "1_2", "0000000000000001_", "-2", "9" * 40, "0000000000000001_0000000000000000", "%00"):
@@ -136,7 +136,7 @@ def test_hostile_input_is_refused_without_a_500(tmp_path: pathlib.Path) -> None:
 
 
 def test_api_keys_scope_streams_and_runs(tmp_path: pathlib.Path) -> None:
-    app = _gateway(tmp_path, adapter_url("sqlite", tmp_path), anonymous=False)
+    app = gateway_app(tmp_path, adapter_url("sqlite", tmp_path), anonymous=False)
     client = app.test_client()
     definition = json.loads((ROOT / "examples" / "greeting.json").read_text())
     with app.app_context():
@@ -170,7 +170,7 @@ def test_a_store_that_stops_half_way_is_503(tmp_path: pathlib.Path) -> None:
 
     server = RedisServer().start()
     try:
-        app = _gateway(tmp_path, f"{server.url}?socket_timeout=1&socket_connect_timeout=0.5")
+        app = gateway_app(tmp_path, f"{server.url}?socket_timeout=1&socket_connect_timeout=0.5")
         client = app.test_client()
         path = "/outage/a"
         assert client.put(path, headers={"Content-Type": "text/plain"}, data="a").status_code == 201
@@ -206,7 +206,7 @@ def test_the_metadata_cache_keeps_the_streams_used_last(tmp_path: pathlib.Path) 
 
 
 def test_an_append_costs_three_store_calls(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    app = _gateway(tmp_path, adapter_url("sqlite", tmp_path))
+    app = gateway_app(tmp_path, adapter_url("sqlite", tmp_path))
     client = app.test_client()
     plain, ttl = "/calls/plain", "/calls/ttl"
     text = {"Content-Type": "text/plain"}
@@ -232,7 +232,7 @@ def test_an_append_costs_three_store_calls(tmp_path: pathlib.Path, monkeypatch: 
 def test_sse_does_not_ask_for_the_streams_info_after_each_live_record(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = _gateway(tmp_path, adapter_url("memory", tmp_path))
+    app = gateway_app(tmp_path, adapter_url("memory", tmp_path))
     client = app.test_client()
     path, text = "/calls/sse", {"Content-Type": "text/plain"}
     assert client.put(path, headers=text, data="0").status_code == 201
@@ -277,7 +277,7 @@ def test_sse_does_not_ask_for_the_streams_info_after_each_live_record(
 def test_age_retention_keeps_a_stream_in_use(adapter: str, tmp_path: pathlib.Path) -> None:
     max_age = 2.0
     with adapter_store(adapter, tmp_path) as url:
-        app = _gateway(tmp_path, url, max_age=max_age)
+        app = gateway_app(tmp_path, url, max_age=max_age)
         client = app.test_client()
         backend = app.extensions["durable_stream"].backend
         path, text = f"/aged/{uuid.uuid4().hex}", {"Content-Type": "text/plain"}
@@ -308,7 +308,7 @@ def test_age_retention_keeps_a_stream_in_use(adapter: str, tmp_path: pathlib.Pat
 def test_creates_and_deletes_that_stop_half_way_leave_nothing_in_the_way(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = _gateway(tmp_path, adapter_url("sqlite", tmp_path)).test_client()
+    client = gateway_app(tmp_path, adapter_url("sqlite", tmp_path)).test_client()
     text = {"Content-Type": "text/plain"}
     # A create whose records are written but whose final snapshot is not: the retry replaces them.
     save, saves = MetadataStore.save, []
@@ -341,7 +341,7 @@ def test_creates_and_deletes_that_stop_half_way_leave_nothing_in_the_way(
 
 
 def test_a_stream_stored_before_framing_reads_and_appends_as_before(tmp_path: pathlib.Path) -> None:
-    app = _gateway(tmp_path, adapter_url("sqlite", tmp_path))
+    app = gateway_app(tmp_path, adapter_url("sqlite", tmp_path))
     backend = app.extensions["durable_stream"].backend
     path = "/old/a"
     info = backend.admin.create_topic(f"ds:{path}")
@@ -358,7 +358,7 @@ def test_a_stream_stored_before_framing_reads_and_appends_as_before(tmp_path: pa
 
 
 def test_records_without_metadata_are_kept_not_deleted(tmp_path: pathlib.Path) -> None:
-    app = _gateway(tmp_path, adapter_url("sqlite", tmp_path))
+    app = gateway_app(tmp_path, adapter_url("sqlite", tmp_path))
     client = app.test_client()
     backend = app.extensions["durable_stream"].backend
     path, text = "/orphan/a", {"Content-Type": "text/plain"}
@@ -399,7 +399,7 @@ def _fail_next_save(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_producer_retry_after_a_write_that_failed_half_way_appends_once(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = _gateway(tmp_path, adapter_url("sqlite", tmp_path)).test_client()
+    client = gateway_app(tmp_path, adapter_url("sqlite", tmp_path)).test_client()
     path, text = "/retry/a", {"Content-Type": "text/plain"}
     assert client.put(path, headers=text).status_code == 201
     producer = {**text, "Producer-Id": "p", "Producer-Epoch": "0"}
@@ -434,7 +434,7 @@ def test_a_producer_retry_after_a_write_that_failed_half_way_appends_once(
 def test_a_stream_seq_retry_after_a_write_that_failed_half_way_appends_once(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = _gateway(tmp_path, adapter_url("sqlite", tmp_path)).test_client()
+    client = gateway_app(tmp_path, adapter_url("sqlite", tmp_path)).test_client()
     path, text = "/retry/seq", {"Content-Type": "text/plain"}
     assert client.put(path, headers=text).status_code == 201
     _fail_next_save(monkeypatch)
@@ -448,7 +448,7 @@ def test_a_stream_seq_retry_after_a_write_that_failed_half_way_appends_once(
 
 
 def test_a_put_whose_stream_expires_at_once_is_created_and_gone(tmp_path: pathlib.Path) -> None:
-    client = _gateway(tmp_path, adapter_url("sqlite", tmp_path)).test_client()
+    client = gateway_app(tmp_path, adapter_url("sqlite", tmp_path)).test_client()
     text = {"Content-Type": "text/plain"}
     for path, expiry in (
         ("/instant/ttl", {"Stream-TTL": "0"}),

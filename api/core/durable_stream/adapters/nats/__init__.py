@@ -24,6 +24,11 @@ Capability card
   direct gets (``allow_direct``): the subject's last message, then a batch of the next
   ``buffer_size`` messages after the reader's sequence (``next_by_subj`` + ``batch``). No JetStream
   consumer is ever created, however many subscriptions are open (a test checks the server's count).
+  A cursor built from an ordinal (``admin.cursor_after``) carries no sequence: the reader first
+  locates the ordinal with a few direct gets of the topic's next message at a sequence, aimed by
+  the topic's share of the bracketing sequences and bisecting when an aim does not halve the bracket
+  (none within half a batch of the topic's start, one for a topic alone on its stream; a test counts
+  them).
   Messages read in order stay in a small cache per backend object (8,192 messages, most recently read
   topics first), so other subscriptions reading the same stretch take it from memory once the server
   confirmed the subject's first retained sequence is not beyond it (removals are always prefixes).
@@ -188,7 +193,8 @@ Faults (each has a test in ``tests/durable_stream/test_nats_faults.py``)
 Modules
 -------
 - ``driver``: the driver (the synchronous face, the error translation, fork), ``open_driver``.
-- ``topics``: ordinals, epochs, markers, seal, trims (on the loop); ``cache``: the read cache;
+- ``topics``: ordinals, epochs, markers, seal, trims (on the loop); ``locate``: finding a built
+  cursor's ordinal; ``cache``: the read cache;
   ``prefetch``: the republished messages for readers at the live tail.
 - ``jetstream``: the connection and the JetStream requests; ``messages``: the headers of messages;
   ``loop``: the loop thread and the hand-over; ``publisher``: the publishing connection; ``feed``: the

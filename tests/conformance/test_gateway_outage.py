@@ -1,0 +1,97 @@
+"""A store that stalls while the gateway is reading and writing: live readers end or answer 503 within
+seconds, a write the store took before it stalled is not appended twice by its producer's retry, and
+a reader that resumes from the last offset it was given gets the rest exactly once."""
+
+from __future__ import annotations
+
+import pathlib
+import queue
+import signal
+import threading
+import time
+
+import pytest
+
+from harness.redis_server import RedisServer
+from harness.waiting import wait_until
+
+from .test_gateway import gateway_app
+
+pytestmark = pytest.mark.timeout(90)
+
+TEXT = {"Content-Type": "text/plain"}
+
+
+def test_a_store_that_stalls_mid_read_and_mid_write_loses_and_repeats_nothing(tmp_path: pathlib.Path) -> None:
+    with RedisServer() as server:
+        assert server.process is not None
+        app = gateway_app(tmp_path, f"{server.url}?socket_timeout=1&socket_connect_timeout=0.5")
+        client = app.test_client()
+        path = "/stall/a"
+        assert client.put(path, headers=TEXT, data="a").status_code == 201
+        chunks: queue.Queue[bytes | None] = queue.Queue()
+
+        def read_sse() -> None:
+            response = app.test_client().get(f"{path}?offset=-1&live=sse", buffered=False)
+            try:
+                for chunk in response.response:
+                    chunks.put(chunk)
+            finally:
+                chunks.put(None)
+
+        reader = threading.Thread(target=read_sse, daemon=True)
+        reader.start()
+        seen = [b""]
+        ended = threading.Event()
+
+        def drained() -> bytes:
+            """What the SSE reader got so far (``ended`` is set once its response ended)."""
+            while not chunks.empty():
+                chunk = chunks.get()
+                if chunk is None:
+                    ended.set()
+                else:
+                    seen[0] += chunk
+            return seen[0]
+
+        def received(text: bytes) -> bool:
+            return text in drained()
+
+        wait_until(lambda: received(b"data:a"), 10, "the SSE reader to get the first record")
+        producer = {"Producer-Id": "p1", "Producer-Epoch": "0"}
+        assert client.post(path, headers={**TEXT, **producer, "Producer-Seq": "0"}, data="b").status_code == 200
+        wait_until(lambda: received(b"data:b"), 10, "the SSE reader to get the live record")
+        last_offset = client.head(path).headers["Stream-Next-Offset"]
+
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            # A write the store will carry out once it wakes, answered 503 meanwhile: ambiguous, so retried.
+            stalled_write = client.post(path, headers={**TEXT, **producer, "Producer-Seq": "1"}, data="c")
+            assert stalled_write.status_code == 503 and stalled_write.headers["Retry-After"]
+            poll = client.get(f"{path}?offset={last_offset}&live=long-poll")
+            assert poll.status_code == 503 and poll.headers["Retry-After"]
+            wait_until(lambda: drained() is not None and ended.is_set(), 15, "the SSE reader to end")
+            assert time.monotonic() - began < 20
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        reader.join(timeout=10)
+
+        def retried() -> int | None:
+            status = client.post(path, headers={**TEXT, **producer, "Producer-Seq": "1"}, data="c").status_code
+            return status if status != 503 else None
+
+        assert wait_until(retried, 20, "the store to answer again") in (200, 204)
+        assert client.post(path, headers={**TEXT, **producer, "Producer-Seq": "2"}, data="d").status_code == 200
+        # The SSE reader's last offset (its last control event) resumes exactly after "b".
+        control_offsets = [
+            line.split(b'"streamNextOffset":"')[1].split(b'"')[0].decode()
+            for line in seen[0].split(b"\n")
+            if b"streamNextOffset" in line
+        ]
+        assert control_offsets, seen[0]
+        rest = client.get(f"{path}?offset={control_offsets[-1]}")
+        assert rest.status_code == 200
+        assert rest.data == b"cd", rest.data
+        assert client.get(f"{path}?offset=-1").data == b"abcd"
+        app.extensions["durable_stream"].close()
