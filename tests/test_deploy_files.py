@@ -167,17 +167,38 @@ def test_the_healthcheck_module_tells_a_live_listener_and_a_fresh_file_from_neit
 
 
 def test_the_worker_hook_freezes_the_gc_and_stops_tracking_greenlet_trees() -> None:
-    # In a child: gc.freeze() and gevent's config are process-wide.
+    # In a child: gc.freeze(), the GC's thresholds and gevent's config are process-wide.
     script = """
 import gc, logging, types
 import gevent
 import api.gunicorn_conf as conf
 assert gevent.config.track_greenlet_tree
+young, middle, oldest = gc.get_threshold()
 conf.post_worker_init(types.SimpleNamespace(log=logging.getLogger("worker")))
 assert not gevent.config.track_greenlet_tree
 assert gc.get_freeze_count() > 1000, gc.get_freeze_count()
+assert gc.get_threshold() == (young, middle, conf.FULL_COLLECTION_PERIOD) and oldest < conf.FULL_COLLECTION_PERIOD
 """
-    env = {key: value for key, value in os.environ.items() if key != "GEVENT_TRACK_GREENLET_TREE"}
+    env = {key: value for key, value in os.environ.items() if key not in ("GEVENT_TRACK_GREENLET_TREE", PERIOD)}
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT, env=env, timeout=60)
+
+
+PERIOD = "GC_FULL_COLLECTION_PERIOD"
+
+
+def test_the_full_collection_period_can_be_set_and_a_bad_one_is_refused_with_a_warning() -> None:
+    script = """
+import gc, logging, os, types
+import api.gunicorn_conf as conf
+warnings = []
+log = types.SimpleNamespace(warning=lambda *args: warnings.append(args), info=lambda *args: None)
+conf.post_worker_init(types.SimpleNamespace(log=log))
+assert gc.get_threshold()[2] == 7 and not warnings, (gc.get_threshold(), warnings)
+os.environ["GC_FULL_COLLECTION_PERIOD"] = "often"
+conf.post_worker_init(types.SimpleNamespace(log=log))
+assert gc.get_threshold()[2] == conf.FULL_COLLECTION_PERIOD and len(warnings) == 1, (gc.get_threshold(), warnings)
+"""
+    env = {**os.environ, PERIOD: "7"}
     subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT, env=env, timeout=60)
 
 
