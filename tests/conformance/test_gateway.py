@@ -116,6 +116,9 @@ def test_hostile_input_is_refused_without_a_500(tmp_path: pathlib.Path) -> None:
     assert client.put("/hostile/c", headers=both).status_code == 400
     assert client.put("/hostile/c", headers={"Stream-Fork-Sub-Offset": "1"}).status_code == 400
     assert client.put("/hostile/c", headers={"Stream-Forked-From": path, "Stream-Fork-Offset": "x"}).status_code == 400
+    for elsewhere in (f"http://evil.example{path}", f"https://localhost:8443{path}", "http://[::1/x"):
+        assert client.put("/hostile/c", headers={"Stream-Forked-From": elsewhere}).status_code == 400, elsewhere
+    assert client.put("/hostile/c", headers={"Stream-Forked-From": f"http://LOCALHOST{path}"}).status_code == 201
     assert client.get("/hostile/\x01").status_code == 400
     with pytest.raises(GatewayError):  # (no HTTP client sends one: WSGI paths are decoded with replacement)
         access.validate_path("/hostile/\udc80")

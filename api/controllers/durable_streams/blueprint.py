@@ -216,7 +216,14 @@ def _fork_source(value: str) -> str:
     if value.startswith(("http://", "https://")):
         from urllib.parse import urlsplit
 
-        value = urlsplit(value).path
+        try:
+            url = urlsplit(value)
+        except ValueError as exc:  # e.g. an unbalanced IPv6 bracket
+            raise bad_request("Stream-Forked-From is not a URL") from exc
+        # A fork copies records from this gateway's store: another server's stream is not reachable here.
+        if url.netloc.lower() != request.host.lower():
+            raise bad_request("Stream-Forked-From names a stream on another server")
+        value = url.path
     if prefix and value.startswith(prefix + "/"):
         value = value[len(prefix) :]
     access.authorize(
