@@ -36,7 +36,12 @@ ACCESS_LOG_FORMAT = "%(p)s %(m)s %(U)s %(s)s"
 
 
 class GunicornServer:
-    """One ``gunicorn -k gevent`` master serving ``api.app:app`` on a free loopback port."""
+    """One ``gunicorn -k gevent`` master serving ``app`` (the API by default) on a free loopback port.
+
+    ``config``: the gunicorn config module (the deployed one by default; ``None`` for gunicorn's own
+    defaults, as the Durable Streams gateway is documented to run). ``ready_path``: a path any answer
+    to which (any status) means a worker serves.
+    """
 
     def __init__(
         self,
@@ -47,8 +52,12 @@ class GunicornServer:
         name: str = "api",
         extra_args: Sequence[str] = (),
         access_log: bool = True,
+        app: str = "api.app:app",
+        config: str | None = "python:api.gunicorn_conf",
+        ready_path: str = "/v1/workflows/run/x",
     ) -> None:
         self.env = dict(env)
+        self.app, self.config, self.ready_path = app, config, ready_path
         self.workers = workers
         #: Without an access log (as bin/run and compose serve), :meth:`statuses` knows no answers.
         self.access_log_enabled = access_log
@@ -67,8 +76,7 @@ class GunicornServer:
             [
                 str(BIN / "gunicorn"),
                 # As deployed (bin/run, compose): worker connections, gc.freeze() after the app is loaded.
-                "--config",
-                "python:api.gunicorn_conf",
+                *(("--config", self.config) if self.config else ()),
                 "-k",
                 "gevent",
                 "-w",
@@ -85,7 +93,7 @@ class GunicornServer:
                     else ()
                 ),
                 *self.extra_args,
-                "api.app:app",
+                self.app,
             ],
             cwd=ROOT,
             env=process_env(self.env),
@@ -121,7 +129,7 @@ class GunicornServer:
                 raise RuntimeError(f"gunicorn exited early:\n{self.log_tail()}")
             if len(self.worker_pids()) >= self.workers:
                 try:
-                    requests.get(f"{self.url}/v1/workflows/run/x", timeout=2)
+                    requests.get(f"{self.url}{self.ready_path}", timeout=2)
                     return
                 except (requests.ConnectionError, requests.Timeout):
                     pass

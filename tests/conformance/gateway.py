@@ -14,18 +14,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from harness.app_env import base_env
 from harness.nats_server import NatsServer
-from harness.processes import BIN, die_with_parent, free_port, process_env
+from harness.processes import process_env
+from harness.served_stack import GunicornServer
 from harness.services import postgres_dsn, redis_url
-from harness.waiting import wait_until
 
 HERE = pathlib.Path(__file__).resolve().parent
 ADAPTERS = ("memory", "sqlite", "redis", "postgres", "nats")
@@ -61,13 +58,12 @@ def adapter_url(adapter: str, var_dir: pathlib.Path) -> str:
     raise ValueError(f"unknown adapter {adapter!r}")
 
 
-class GatewayServer:
-    """``gunicorn -k gevent api.durable_streams_app:app`` with one worker, on a free port."""
+class GatewayServer(GunicornServer):
+    """``gunicorn -k gevent api.durable_streams_app:app`` with one worker, on a free port, as the README
+    runs it (gunicorn's own settings, not the API's config module)."""
 
     def __init__(self, stream_url: str, var_dir: pathlib.Path, **settings: Any) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.var_dir = var_dir
+        var_dir.mkdir(parents=True, exist_ok=True)
         env = base_env(
             var_dir,
             DURABLE_STREAM_URL=stream_url,
@@ -76,57 +72,17 @@ class GatewayServer:
             LOG_FORMAT="text",
             **settings,
         )
-        self.env = process_env(env)
-        self.log_path = var_dir / "gateway.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 30) -> Self:
-        self.var_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    *(str(BIN / "gunicorn"), "-k", "gevent", "-w", "1", "-b", f"127.0.0.1:{self.port}"),
-                    *("--graceful-timeout", "2", "api.durable_streams_app:app"),
-                ],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
-            )
-        wait_until(self._answers, timeout, f"the gateway on port {self.port}\n{self.log_tail()}")
-        return self
-
-    def _answers(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise RuntimeError(f"the gateway exited:\n{self.log_tail()}")
-        try:
-            urllib.request.urlopen(f"{self.base_url}/health-probe", timeout=1)
-        except urllib.error.HTTPError:
-            return True
-        except OSError:
-            return False
-        return True
-
-    def log_tail(self, size: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-size:] if self.log_path.exists() else ""
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        super().__init__(
+            env,
+            var_dir,
+            workers=1,
+            name="gateway",
+            access_log=False,
+            app="api.durable_streams_app:app",
+            config=None,
+            ready_path="/health-probe",
+        )
+        self.base_url = self.url
 
 
 def run_vitest(
