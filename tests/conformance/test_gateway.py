@@ -46,6 +46,22 @@ def gateway_app(tmp_path: pathlib.Path, stream_url: str, *, anonymous: bool = Tr
     return create_gateway_app(config)
 
 
+def read_in_thread(app: Flask, url: str, chunks: queue.Queue[bytes | None]) -> threading.Thread:
+    """A streaming GET of ``url`` in a thread of its own: each chunk goes to ``chunks``, then ``None``."""
+
+    def read() -> None:
+        response = app.test_client().get(url, buffered=False)
+        try:
+            for chunk in response.response:
+                chunks.put(chunk if isinstance(chunk, bytes) else chunk.encode())
+        finally:
+            chunks.put(None)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.fixture(params=ADAPTERS)
 def adapter_client(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[tuple[FlaskClient, str]]:
     with adapter_store(request.param, tmp_path) as url:
@@ -242,19 +258,7 @@ def test_sse_does_not_ask_for_the_streams_info_after_each_live_record(
     tail = client.head(path).headers["Stream-Next-Offset"]
     store = StoreCalls(app.extensions["durable_stream"].backend, monkeypatch)
     events: queue.Queue[bytes | None] = queue.Queue()
-    reader: list[int] = []
-
-    def read() -> None:
-        reader.append(threading.get_ident())
-        response = app.test_client().get(f"{path}?offset={tail}&live=sse", buffered=False)
-        try:
-            for chunk in response.response:
-                events.put(chunk)
-        finally:
-            events.put(None)
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
+    thread = read_in_thread(app, f"{path}?offset={tail}&live=sse", events)
     received = b""
     for body in ("1", "2", "3", "4", "5"):
         while b"upToDate" not in received.rsplit(b"event: data", 1)[-1]:
@@ -268,7 +272,8 @@ def test_sse_does_not_ask_for_the_streams_info_after_each_live_record(
         received += chunk
     thread.join(timeout=10)
     assert b"data:5" in received and b'"streamClosed":true' in received, received
-    calls = store.names(reader[0])
+    assert thread.ident is not None
+    calls = store.names(thread.ident)
     # Two for the stream's load, one to confirm the seal; none per live record.
     assert calls.count("topic_info") <= 3, calls
 

@@ -15,7 +15,7 @@ import pytest
 from harness.redis_server import RedisServer
 from harness.waiting import wait_until
 
-from .test_gateway import gateway_app
+from .test_gateway import gateway_app, read_in_thread
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -30,17 +30,7 @@ def test_a_store_that_stalls_mid_read_and_mid_write_loses_and_repeats_nothing(tm
         path = "/stall/a"
         assert client.put(path, headers=TEXT, data="a").status_code == 201
         chunks: queue.Queue[bytes | None] = queue.Queue()
-
-        def read_sse() -> None:
-            response = app.test_client().get(f"{path}?offset=-1&live=sse", buffered=False)
-            try:
-                for chunk in response.response:
-                    chunks.put(chunk)
-            finally:
-                chunks.put(None)
-
-        reader = threading.Thread(target=read_sse, daemon=True)
-        reader.start()
+        reader = read_in_thread(app, f"{path}?offset=-1&live=sse", chunks)
         seen = [b""]
         ended = threading.Event()
 
