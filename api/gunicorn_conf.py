@@ -40,7 +40,8 @@ import pathlib
 import sys
 import tempfile
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 DEFAULT_WORKER_CONNECTIONS = 10000
 
@@ -70,14 +71,9 @@ def post_worker_init(worker: Any) -> None:
     gc.freeze()
     _space_full_collections(worker)
     worker.log.info("gc.freeze(): %d start-up objects are no longer scanned by the cyclic GC", gc.get_freeze_count())
-    threshold = os.environ.get("GC_PAUSE_LOG_MS")
-    if threshold:
-        try:
-            milliseconds = float(threshold)
-        except ValueError:
-            worker.log.warning("GC_PAUSE_LOG_MS=%r is not a number of milliseconds: no GC pause log", threshold)
-        else:
-            gc.callbacks.append(pause_logger(worker.log, milliseconds / 1000))
+    milliseconds = _env_number(worker, "GC_PAUSE_LOG_MS", float, "a number of milliseconds: no GC pause log")
+    if milliseconds is not None:
+        gc.callbacks.append(pause_logger(worker.log, milliseconds / 1000))
     if isinstance(getattr(worker, "ppid", None), int):  # a gunicorn worker (not a test's stand-in)
         (_marks(worker.ppid) / f"ready-{worker.pid}").write_text(repr(time.time()))
 
@@ -165,21 +161,28 @@ def _space_full_collections(worker: Any) -> None:
     objects each time (docs/benchmarks.md). Young collections, which free almost all of a request's
     cyclic garbage, are unchanged. ``GC_FULL_COLLECTION_PERIOD`` overrides the period.
     """
-    text = os.environ.get("GC_FULL_COLLECTION_PERIOD")
-    period = FULL_COLLECTION_PERIOD
-    if text:
-        try:
-            period = max(int(text), 1)
-        except ValueError:
-            worker.log.warning("GC_FULL_COLLECTION_PERIOD=%r is not a whole number: %d kept", text, period)
+    period = _env_number(worker, "GC_FULL_COLLECTION_PERIOD", int, f"a whole number: {FULL_COLLECTION_PERIOD} kept")
     young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, period)
+    gc.set_threshold(young, middle, FULL_COLLECTION_PERIOD if period is None else max(period, 1))
+
+
+Number = TypeVar("Number", int, float)
+
+
+def _env_number(worker: Any, name: str, parse: Callable[[str], Number], refusal: str) -> Number | None:
+    """An optional numeric setting of the environment; ``None`` (and a warning) for one that is not a number."""
+    text = os.environ.get(name)
+    if not text:
+        return None
+    try:
+        return parse(text)
+    except ValueError:
+        worker.log.warning("%s=%r is not %s", name, text, refusal)
+        return None
 
 
 def pause_logger(log: Any, threshold: float) -> Any:
     """A ``gc.callbacks`` entry that logs full collections taking ``threshold`` seconds or more."""
-    import time
-
     started = [0.0]
 
     def on_collection(phase: str, info: dict[str, int]) -> None:

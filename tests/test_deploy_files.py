@@ -197,8 +197,15 @@ assert gc.get_threshold()[2] == 7 and not warnings, (gc.get_threshold(), warning
 os.environ["GC_FULL_COLLECTION_PERIOD"] = "often"
 conf.post_worker_init(types.SimpleNamespace(log=log))
 assert gc.get_threshold()[2] == conf.FULL_COLLECTION_PERIOD and len(warnings) == 1, (gc.get_threshold(), warnings)
+callbacks = len(gc.callbacks)
+os.environ["GC_PAUSE_LOG_MS"] = "soon"
+conf.post_worker_init(types.SimpleNamespace(log=log))
+assert len(gc.callbacks) == callbacks and "GC_PAUSE_LOG_MS" in warnings[-1][1], warnings
+os.environ["GC_PAUSE_LOG_MS"] = "20"
+conf.post_worker_init(types.SimpleNamespace(log=log))
+assert len(gc.callbacks) == callbacks + 1, gc.callbacks
 """
-    env = {**os.environ, PERIOD: "7"}
+    env = {**{key: value for key, value in os.environ.items() if key != "GC_PAUSE_LOG_MS"}, PERIOD: "7"}
     subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT, env=env, timeout=60)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .human_input import HumanInputForm, HumanInputFormStatus, IdempotencyKey
 from .model import App
+from .row_copy import RowCopy
 from .workflow import WorkflowRun, WorkflowRunStatus
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "HumanInputForm",
     "HumanInputFormStatus",
     "IdempotencyKey",
+    "RowCopy",
     "WorkflowRun",
     "WorkflowRunStatus",
 ]

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from api.core.workflow import Graph, WorkflowDefinitionError
 from api.libs.errors import InvalidParamError, UnauthorizedError
-from api.models import App
+from api.models import App, RowCopy
 from api.models.engine import db
 
 from .validation import MAX_API_KEY_LENGTH, could_be_credential
@@ -47,13 +47,13 @@ def authenticate(authorization: str | None) -> App:
         raise UnauthorizedError("invalid API key")
     known = _KNOWN_KEYS.get(key)
     if known is not None and known[0] > time.monotonic():
-        return App(**known[1])  # a copy of the row, in no session: every request may change its own
+        return known[1].make()  # in no session: every request may change its own
     app = db.session.execute(select(App).where(App.api_key == key)).scalar_one_or_none()
     if app is None:
         raise UnauthorizedError("invalid API key")
     if len(_KNOWN_KEYS) >= _KNOWN_KEYS_MAX:
         _KNOWN_KEYS.clear()
-    _KNOWN_KEYS[key] = (time.monotonic() + KEY_CACHE_SECONDS, {name: getattr(app, name) for name in _APP_COLUMNS})
+    _KNOWN_KEYS[key] = (time.monotonic() + KEY_CACHE_SECONDS, RowCopy(app))
     return app
 
 
@@ -62,5 +62,4 @@ def authenticate(authorization: str | None) -> App:
 #: from the database is refused by every process within this time.
 KEY_CACHE_SECONDS = 10.0
 _KNOWN_KEYS_MAX = 4096
-_KNOWN_KEYS: dict[str, tuple[float, dict[str, Any]]] = {}
-_APP_COLUMNS = tuple(column.key for column in App.__table__.columns)
+_KNOWN_KEYS: dict[str, tuple[float, RowCopy[App]]] = {}

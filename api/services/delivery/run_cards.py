@@ -18,15 +18,13 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from api.models import WorkflowRun
+from api.models import RowCopy, WorkflowRun
 
 __all__ = ["CARD_SECONDS", "RunCards"]
 
 #: How old a run's row may be when an arrival uses it instead of reading it. Short beside the run
 #: watcher's interval (a third of the lease), which checks the run meanwhile either way.
 CARD_SECONDS = 2.0
-
-_RUN_COLUMNS = tuple(column.key for column in WorkflowRun.__table__.columns)
 
 WriterKey = tuple[str, bytes]
 
@@ -36,7 +34,7 @@ class _Card:
     writer: WriterKey
     app_id: str
     end_user: str
-    columns: dict[str, object]
+    row: RowCopy[WorkflowRun]
     read_at: float
 
 
@@ -55,7 +53,7 @@ class RunCards:
 
     def remember(self, writer: WriterKey, run: WorkflowRun) -> None:
         """Keep a copy of ``run``, a row just read and checked, for the arrivals at ``writer``."""
-        card = _Card(writer, run.app_id, run.end_user, {name: getattr(run, name) for name in _RUN_COLUMNS}, _now())
+        card = _Card(writer, run.app_id, run.end_user, RowCopy(run), _now())
         self._cards[run.id] = self._cards[run.task_id] = card
         self._ids_of[writer] = (run.id, run.task_id)
 
@@ -67,7 +65,7 @@ class RunCards:
             return None
         if _now() - card.read_at > CARD_SECONDS or not self._usable(card.writer):
             return None
-        return WorkflowRun(**card.columns)
+        return card.row.make()
 
     def forget(self, writer: WriterKey) -> None:
         """The writer closed: its run's cards go with it."""
