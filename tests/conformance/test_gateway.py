@@ -384,6 +384,11 @@ def test_records_without_metadata_are_kept_not_deleted(tmp_path: pathlib.Path) -
     assert client.get("/orphan/b").status_code == 404
     assert client.put("/orphan/b", headers=text, data="y").status_code == 201
     assert client.get("/orphan/b").data == b"y"
+    # Metadata no gateway wrote is kept too, and refused rather than a 500.
+    for number, junk in enumerate((b"not json", b"[1]", b'{"content_type": "text/plain"}', b'{"producers": []}')):
+        backend.topic(f"ds-meta:/orphan/junk{number}").append(junk)
+        for response in (client.get(f"/orphan/junk{number}"), client.put(f"/orphan/junk{number}", headers=text)):
+            assert response.status_code == 409 and b"ds-meta:" in response.data, (junk, response.status_code)
 
 
 # Writes that fail half-way ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """A store that stalls while the gateway is reading and writing: live readers end or answer 503 within
 seconds, a write the store took before it stalled is not appended twice by its producer's retry, and
-a reader that resumes from the last offset it was given gets the rest exactly once."""
+a reader that resumes from the last offset it was given gets the rest exactly once. Records a store
+does not deliver in time are 503, never read as missing (an empty read, 404, 410, 409)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import queue
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
+from flask import Flask
 
 from harness.redis_server import RedisServer
 from harness.waiting import wait_until
 
+from .gateway import adapter_url
 from .test_gateway import gateway_app, read_in_thread
 
 pytestmark = pytest.mark.timeout(90)
@@ -85,3 +89,84 @@ def test_a_store_that_stalls_mid_read_and_mid_write_loses_and_repeats_nothing(tm
         assert rest.data == b"cd", rest.data
         assert client.get(f"{path}?offset=-1").data == b"abcd"
         app.extensions["durable_stream"].close()
+
+
+class _SilentSubscription:
+    """A subscription whose store never delivers: each ``receive`` ends at its timeout with nothing."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __enter__(self) -> _SilentSubscription:
+        self._inner.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._inner.__exit__(*exc)
+
+    def receive(self, timeout: float | None = None) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _SilentTopic:
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def subscribe_from_cursor(self, cursor: Any) -> _SilentSubscription:
+        return _SilentSubscription(self._inner.subscribe_from_cursor(cursor))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _silence_reads(app: Flask, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = app.extensions["durable_stream"].backend
+    topic = backend.topic
+    monkeypatch.setattr(backend, "topic", lambda name: _SilentTopic(topic(name)))
+
+
+def test_records_the_store_does_not_deliver_in_time_are_503_not_missing(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = adapter_url("sqlite", tmp_path)
+    app = gateway_app(tmp_path, url)
+    client = app.test_client()
+    path = "/silent/a"
+    assert client.put(path, headers=TEXT, data="a").status_code == 201
+    first = client.post(path, headers=TEXT, data="b").headers["Stream-Next-Offset"]
+    assert client.post(path, headers=TEXT, data="c").status_code == 204
+    _silence_reads(app, monkeypatch)
+    # Records the stream has but the store does not hand over: not an empty 200 (the client would ask
+    # again at once), and a fork of them not a 410 (the fork point is retained).
+    for response in (
+        client.get(f"{path}?offset=-1"),
+        client.get(f"{path}?offset={first}&live=long-poll"),
+        client.put("/silent/fork", headers={**TEXT, "Stream-Forked-From": path}),
+        client.put(
+            "/silent/sub",
+            headers={
+                **TEXT,
+                "Stream-Forked-From": path,
+                "Stream-Fork-Offset": "0" * 16 + "_" + "0" * 16,
+                "Stream-Fork-Sub-Offset": "1",
+            },
+        ),
+    ):
+        assert response.status_code == 503, (response.status_code, response.data)
+        assert response.headers["Retry-After"] == "1"
+    # A process that has not read the stream's metadata yet: the stream is not "not found" (404), nor
+    # may a PUT take its records for an orphan's (409).
+    other = gateway_app(tmp_path, url)
+    _silence_reads(other, monkeypatch)
+    for response in (other.test_client().get(path), other.test_client().put(path, headers=TEXT)):
+        assert response.status_code == 503, (response.status_code, response.data)
+    monkeypatch.undo()
+    assert client.get(path).data == b"abc"
+    assert client.put("/silent/fork", headers={**TEXT, "Stream-Forked-From": path}).status_code == 201
+    assert client.get("/silent/fork").data == b"abc"
+    assert other.test_client().get(path).data == b"abc"
+    for each in (app, other):
+        each.extensions["durable_stream"].close()

@@ -7,6 +7,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 from flask import Blueprint, Response, current_app, request, stream_with_context
 from sqlalchemy.exc import OperationalError
@@ -15,6 +16,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from api.configs import AppConfig
 from api.core.durable_stream import CursorUnavailableError, DurableStreamError
 from api.extensions.ext_durable_stream import durable_stream, retention_max_age
+from api.libs import metrics
 from api.services.durable_streams_gateway import access, creating, live, writing
 from api.services.durable_streams_gateway.creating import CreateRequest
 from api.services.durable_streams_gateway.errors import GatewayError, bad_request, unavailable
@@ -107,8 +109,6 @@ def _serve(path: str) -> Response:
 
 
 def _observe(method: str, status: int, seconds: float) -> None:
-    from api.libs import metrics
-
     metrics.GATEWAY_REQUESTS.tally.add((method, str(status)))
     metrics.GATEWAY_SECONDS.tally.observe((method,), seconds)
 
@@ -214,8 +214,6 @@ def _fork_source(value: str) -> str:
     """``Stream-Forked-From`` names a stream by its path, or by its URL on this gateway."""
     prefix = _mount_prefix()
     if value.startswith(("http://", "https://")):
-        from urllib.parse import urlsplit
-
         try:
             url = urlsplit(value)
         except ValueError as exc:  # e.g. an unbalanced IPv6 bracket

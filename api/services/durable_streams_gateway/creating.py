@@ -13,14 +13,13 @@ protocol says (201, with its tail offset) and removed before the answer: nothing
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 
 from api.core.durable_stream import TopicInfo
 
-from .errors import GatewayError, bad_request, conflict, gone
+from .errors import bad_request, conflict, gone, not_found, unavailable
 from .framing import frame
-from .json_mode import fragment_of, is_json, media_type, values_of
+from .json_mode import fragment_of, fragment_of_values, is_json, media_type, values_of
 from .metadata import StreamMeta, data_topic
 from .offsets import epoch_tag
 from .reading import TopicReader
@@ -144,7 +143,7 @@ def _finish_create(
             topic.seal()
         written = registry.backend.admin.topic_info(data_topic(path))
         if written is None or written.epoch != info.epoch:
-            raise GatewayError(409, "the stream was deleted while it was being created")
+            raise conflict("the stream was deleted while it was being created")
         info = written
     meta.data_tail = info.last_ordinal
     registry.metadata.save(path, meta)
@@ -156,7 +155,7 @@ def _create_fork(registry: StreamRegistry, path: str, request: CreateRequest, le
     source_path = request.forked_from
     source_meta = registry.metadata.load(source_path)
     if source_meta is None or source_meta.pending or source_meta.expired():
-        raise GatewayError(404, "the fork's source stream does not exist")
+        raise not_found("the fork's source stream does not exist")
     if source_meta.soft_deleted:
         raise conflict("the fork's source stream was deleted")
     if request.content_type and media_type(request.content_type) != media_type(source_meta.content_type):
@@ -164,9 +163,14 @@ def _create_fork(registry: StreamRegistry, path: str, request: CreateRequest, le
     source = registry.load(source_path)
     fork_ordinal = _fork_point(source, request)
     reader = source.reader(registry.backend)
-    records = [record.payload for record in reader.read(0, fork_ordinal, 1 << 62, _COPY_TIMEOUT)]
-    if len(records) != fork_ordinal:
-        raise gone("the fork point is no longer retained by the source")
+    copied = reader.read(0, fork_ordinal, 1 << 62, _COPY_TIMEOUT)
+    if len(copied) != fork_ordinal:
+        # Trimmed by retention (the first record is not the first ordinal), or a store too slow to
+        # deliver them all in time: the fork cannot be made now, but it could be later.
+        if (copied[0].ordinal if copied else source.info.first_ordinal) > 1:
+            raise gone("the fork point is no longer retained by the source")
+        raise unavailable("the source stream's records could not be read in time; try again shortly")
+    records = [record.payload for record in copied]
     sub = request.fork_sub_offset or 0
     if sub > 0:
         records.append(_sub_offset_prefix(source, reader, fork_ordinal, sub))
@@ -224,16 +228,14 @@ def _sub_offset_prefix(source: Stream, reader: TopicReader, ordinal: int, sub: i
     if ordinal >= source.tail:
         raise bad_request("Stream-Fork-Sub-Offset needs a record after the fork offset")
     following = reader.read(ordinal, ordinal + 1, 1, _COPY_TIMEOUT)
-    if not following:
-        raise bad_request("Stream-Fork-Sub-Offset needs a record after the fork offset")
+    if not following:  # the record exists (it is before the tail): the store did not deliver it in time
+        raise unavailable("the source stream's records could not be read in time; try again shortly")
     payload = following[0].payload
     if source.json:
         values = values_of(payload)
         if sub > len(values):
             raise bad_request("Stream-Fork-Sub-Offset is beyond the record's values")
-        return b",".join(
-            json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode() for value in values[:sub]
-        )
+        return fragment_of_values(values[:sub])
     if sub > len(payload):
         raise bad_request("Stream-Fork-Sub-Offset is beyond the record's bytes")
     return payload[:sub]

@@ -19,7 +19,7 @@ from .errors import bad_request
 #: Arrays and objects inside each other that an appended JSON body may hold (twice the API's default).
 MAX_DEPTH = 64
 
-__all__ = ["fragment_of", "is_json", "join_fragments", "values_of"]
+__all__ = ["fragment_of", "fragment_of_values", "is_json", "join_fragments", "values_of"]
 
 
 def is_json(content_type: str) -> bool:
@@ -45,8 +45,13 @@ def fragment_of(body: bytes, *, allow_empty: bool = False) -> bytes:
             if allow_empty:
                 return b""
             raise bad_request("empty arrays are not allowed")
-        return ",".join(_dump(item) for item in value).encode()
-    return _dump(value).encode()
+        return fragment_of_values(value)
+    return fragment_of_values([value])
+
+
+def fragment_of_values(values: Iterable[Any]) -> bytes:
+    """The fragment that holds ``values`` (what :func:`values_of` reads back)."""
+    return ",".join(_dump(value) for value in values).encode()
 
 
 def values_of(fragment: bytes) -> list[Any]:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from api.core.app.apps.event_codec import unstamped
 
-from .errors import gone
+from .errors import gone, unavailable
 from .json_mode import join_fragments
 from .offsets import BEGINNING, NOW, Offset, epoch_tag
 from .reading import Record
@@ -87,6 +87,10 @@ def catch_up(
     registry: StreamRegistry, stream: Stream, start: str, after: int, max_bytes: int, if_none_match: str | None
 ) -> ReadResult:
     records = stream.reader(registry.backend).read(after, stream.tail, max_bytes, _READ_TIMEOUT)
+    if not records and after < stream.tail:
+        # The records exist but the store delivered none in time: an empty 200 would send the client
+        # back for the same offset at once, a 503 tells it to wait.
+        raise unavailable("the stream's records could not be read in time; try again shortly")
     last = records[-1].ordinal if records else after
     up_to_date = last >= stream.tail
     headers = {"Content-Type": stream.content_type, "Stream-Next-Offset": stream.offset(last)}

@@ -26,7 +26,15 @@ import threading
 import time
 from typing import Any
 
-from api.core.durable_stream import CLOSED, DurableStreamBackend, DurableStreamError, DurableStreamRecord
+from api.core.durable_stream import (
+    CLOSED,
+    DurableStreamBackend,
+    DurableStreamError,
+    DurableStreamRecord,
+    DurableStreamUnavailableError,
+)
+
+from .errors import conflict
 
 __all__ = ["DATA_PREFIX", "META_PREFIX", "MetadataStore", "StreamMeta", "data_topic", "meta_topic"]
 
@@ -106,7 +114,14 @@ class StreamMeta:
         return meta
 
     def copy(self) -> StreamMeta:
-        return StreamMeta.from_json(self.to_json())
+        """A copy a change may mutate without touching the cached snapshot.
+
+        Every field but the producer states holds immutable values (strings, numbers, tuples), so only
+        those are copied anew: every load and every plain append takes a copy, and a JSON round trip
+        per request would cost more than the rest of a cached load.
+        """
+        producers = {key: dataclasses.replace(state) for key, state in self.producers.items()}
+        return dataclasses.replace(self, producers=producers)
 
     def expiry(self) -> float | None:
         """Unix time at which the stream expires (TTL slides with reads and writes), if it does."""
@@ -152,7 +167,7 @@ class MetadataStore:
         record = self._last_record(name, info.epoch, info.last_ordinal)
         if record is None:
             return self._reload(path)
-        meta = StreamMeta.from_json(record.payload)
+        meta = _parse(name, record.payload)
         self._put(path, _Cached(info.epoch, info.last_ordinal, info.length, meta))
         return meta.copy()
 
@@ -206,6 +221,7 @@ class MetadataStore:
             self._cache.pop(path, None)
 
     def _last_record(self, name: str, epoch: str, last: int) -> DurableStreamRecord | None:
+        """The snapshot at ``last``; ``None`` when it could not be read (trimmed, re-created, no answer)."""
         cursor = self._backend.admin.cursor_after(name, epoch, last - 1)
         try:
             with self._backend.topic(name).subscribe_from_cursor(cursor) as subscription:
@@ -221,12 +237,26 @@ class MetadataStore:
         info = self._backend.admin.topic_info(name)
         if info is None or info.length == 0:
             return None
-        cursor = self._backend.admin.cursor_after(name, info.epoch, info.last_ordinal - 1)
-        with self._backend.topic(name).subscribe_from_cursor(cursor) as subscription:
-            received = subscription.receive(timeout=_READ_TIMEOUT)
-        if received is None or received is CLOSED:
-            return None
-        return StreamMeta.from_json(received.payload)
+        record = self._last_record(name, info.epoch, info.last_ordinal)
+        if record is None:
+            # Changed again under this read too, or the store is not answering: neither is "no stream".
+            raise DurableStreamUnavailableError(f"the newest metadata snapshot of {path!r} could not be read")
+        return _parse(name, record.payload)
+
+
+def _parse(name: str, payload: bytes) -> StreamMeta:
+    """The snapshot in ``payload``; 409 for one no gateway wrote (the topic was written to by hand).
+
+    Like records no metadata accounts for (:mod:`.creating`), it is kept for an operator rather than
+    overwritten, and the stream's records are not served on the strength of a guess.
+    """
+    try:
+        return StreamMeta.from_json(payload)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise conflict(
+            f"the stream's metadata (topic {name!r}) is not a snapshot the gateway wrote; it is kept rather "
+            "than replaced: delete that topic to reuse the path"
+        ) from exc
 
 
 _FIELDS = frozenset(field.name for field in dataclasses.fields(StreamMeta))

@@ -11,6 +11,7 @@ it), valid in every incarnation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 
@@ -40,8 +41,13 @@ BEGINNING = Offset(0, 0)
 NOW = Offset(-1, -1)
 
 
+@functools.lru_cache(maxsize=4096)
 def epoch_tag(epoch: str) -> int:
-    """The incarnation half of an offset: never 0, which the protocol's zero offset uses."""
+    """The incarnation half of an offset: never 0, which the protocol's zero offset uses.
+
+    Cached: every offset the gateway writes (each SSE event, each append's answer) needs it, and a
+    stream's epoch stays the same for its whole life.
+    """
     digest = hashlib.blake2b(epoch.encode(), digest_size=8).digest()
     tag: int = 1 + int.from_bytes(digest, "big") % _TAG_SPACE
     return tag

@@ -221,7 +221,7 @@ def _validate(meta: StreamMeta, producer: Producer) -> AppendResult | None:
     state = meta.producers.get(producer.id)
     if state is None:
         if producer.seq != 0:
-            return _gap(0, producer.seq)
+            raise _gap(0, producer.seq)
         return None
     if producer.epoch < state.epoch:
         raise GatewayError(403, "stale producer epoch", {"Producer-Epoch": str(state.epoch)})
@@ -233,11 +233,11 @@ def _validate(meta: StreamMeta, producer: Producer) -> AppendResult | None:
         return AppendResult(204, {"Producer-Epoch": str(producer.epoch), "Producer-Seq": str(state.seq)})
     if producer.seq == state.seq + 1:
         return None
-    return _gap(state.seq + 1, producer.seq)
+    raise _gap(state.seq + 1, producer.seq)
 
 
-def _gap(expected: int, received: int) -> AppendResult:
-    raise GatewayError(
+def _gap(expected: int, received: int) -> GatewayError:
+    return GatewayError(
         409,
         "producer sequence gap",
         {"Producer-Expected-Seq": str(expected), "Producer-Received-Seq": str(received)},
