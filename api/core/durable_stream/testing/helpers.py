@@ -37,6 +37,29 @@ def wait_until(check: Callable[[], T | None], timeout: float, what: str, interva
     return answer
 
 
+#: Strings that are no cursor at all.
+MALFORMED_CURSORS = [
+    "",
+    "garbage",
+    "1.",
+    "1.!!!!",
+    "2.AAAA",
+    "1.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+    "x" * 5000,
+    "\x00",
+    "☃",
+]
+
+
+def damaged_cursors(cursor: str) -> list[str]:
+    """``cursor`` cut short (every third length) and with each character changed in turn."""
+    cut = [cursor[:length] for length in range(1, len(cursor), 3)]
+    changed = [
+        cursor[:index] + ("A" if cursor[index] != "A" else "B") + cursor[index + 1 :] for index in range(len(cursor))
+    ]
+    return cut + changed
+
+
 def payloads(count: int, prefix: str = "r") -> list[bytes]:
     return [f"{prefix}{index}".encode() for index in range(count)]
 
@@ -108,12 +131,16 @@ def assert_idle(subscription: DurableStreamSubscription, timeout: float = 0.05) 
     assert subscription.receive(timeout=timeout) is None
 
 
-def expect_cursor_unavailable(topic: DurableStreamTopic, cursor: TopicCursor | str) -> None:
-    """The cursor must be refused at ``subscribe_from_cursor()`` or at ``__enter__``, never accepted."""
+def expect_cursor_unavailable(topic: DurableStreamTopic, cursor: TopicCursor | str) -> CursorUnavailableError:
+    """The cursor must be refused at ``subscribe_from_cursor()`` or at ``__enter__``, never accepted.
+
+    Returns the error, whose ``reason`` a test may check.
+    """
     try:
         subscription = topic.subscribe_from_cursor(cursor)  # type: ignore[arg-type]
-    except CursorUnavailableError:
-        return
-    with pytest.raises(CursorUnavailableError):
+    except CursorUnavailableError as exc:
+        return exc
+    with pytest.raises(CursorUnavailableError) as caught:
         subscription.__enter__()
     assert subscription.receive(timeout=0) is CLOSED
+    return caught.value

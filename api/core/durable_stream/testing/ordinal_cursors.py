@@ -24,36 +24,27 @@ from api.core.durable_stream import (
 )
 
 from .base import ContractBase
-from .helpers import append_all, assert_idle, drain, payloads
+from .helpers import (
+    MALFORMED_CURSORS,
+    append_all,
+    assert_idle,
+    damaged_cursors,
+    drain,
+    expect_cursor_unavailable,
+    payloads,
+)
 
-#: Strings that are no cursor at all.
-MALFORMED = [
-    "",
-    "garbage",
-    "1.",
-    "1.!!!!",
-    "2.AAAA",
-    "1.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
-    "x" * 5000,
-    "\x00",
-    "☃",
-]
 #: Records of a long topic: more than two reads of the default size (128 records) bring.
 LONG_TOPIC = 320
 #: Topic names the library refuses.
 BAD_NAMES: list[object] = ["", "x" * 513, "a\0b", None, 42]
 
 
-def refused(topic: DurableStreamTopic, cursor: TopicCursor) -> CursorUnavailableError:
-    """The error a subscription from ``cursor`` fails with, at ``subscribe_from_cursor()`` or ``__enter__``."""
-    try:
-        subscription = topic.subscribe_from_cursor(cursor)
-    except CursorUnavailableError as exc:
-        return exc
-    with pytest.raises(CursorUnavailableError) as caught:
-        subscription.__enter__()
-    assert subscription.receive(timeout=0) is CLOSED
-    return caught.value
+def assert_resumes(topic: DurableStreamTopic, cursor: TopicCursor, expected: list[bytes]) -> None:
+    """A subscription from ``cursor`` brings exactly ``expected``, then waits."""
+    with topic.subscribe_from_cursor(cursor) as resumed:
+        assert [r.payload for r in drain(resumed, len(expected))] == expected
+        assert_idle(resumed)
 
 
 def epoch_of(backend: DurableStreamBackend, name: str) -> str:
@@ -158,12 +149,7 @@ class OrdinalCursorContract(ContractBase):
         append_all(topic, payloads(2))
         with topic.subscribe_from_beginning() as subscription:
             cursor = drain(subscription, 1)[0].cursor
-        hostile: list[object] = [*MALFORMED, None, 42, b"1.AAAA", cursor.encode()]
-        hostile += [cursor[:cut] for cut in range(1, len(cursor), 3)]
-        hostile += [
-            cursor[:index] + ("A" if cursor[index] != "A" else "B") + cursor[index + 1 :]
-            for index in range(2, len(cursor))
-        ]
+        hostile: list[object] = [*MALFORMED_CURSORS, None, 42, b"1.AAAA", cursor.encode(), *damaged_cursors(cursor)]
         for bad in hostile:
             with pytest.raises(CursorUnavailableError) as caught:
                 backend.admin.cursor_position(topic_name, bad)  # type: ignore[arg-type]
@@ -201,9 +187,12 @@ class OrdinalCursorContract(ContractBase):
         assert backend.admin.cursor_position(topic_name, cursor) == CursorPosition(old_epoch, 2)
         assert old_epoch != new_epoch
         # ... so it, and any cursor built on the old epoch, is refused rather than resolved against new records.
-        assert refused(topic, cursor).reason == "epoch"
+        assert expect_cursor_unavailable(topic, cursor).reason == "epoch"
         for ordinal in (0, 1, 2, 3):
-            assert refused(topic, backend.admin.cursor_after(topic_name, old_epoch, ordinal)).reason == "epoch"
+            assert (
+                expect_cursor_unavailable(topic, backend.admin.cursor_after(topic_name, old_epoch, ordinal)).reason
+                == "epoch"
+            )
 
     # cursor_after ------------------------------------------------------------------------------
 
@@ -220,12 +209,9 @@ class OrdinalCursorContract(ContractBase):
             built = backend.admin.cursor_after(topic_name, epoch, ordinal)
             assert isinstance(built, str) and built
             assert backend.admin.cursor_position(topic_name, built) == CursorPosition(epoch, ordinal)
-            with topic.subscribe_from_cursor(built) as resumed:
-                assert [r.payload for r in drain(resumed, count - ordinal)] == items[ordinal:]
-                assert_idle(resumed)
+            assert_resumes(topic, built, items[ordinal:])
             if ordinal:  # the same suffix as the cursor delivered with record ``ordinal``
-                with topic.subscribe_from_cursor(delivered[ordinal - 1]) as resumed:
-                    assert [r.payload for r in drain(resumed, count - ordinal)] == items[ordinal:]
+                assert_resumes(topic, delivered[ordinal - 1], items[ordinal:])
 
     def test_cursor_after_finds_ordinals_far_into_a_long_topic(
         self, backend: DurableStreamBackend, topic: DurableStreamTopic, topic_name: str
@@ -250,9 +236,7 @@ class OrdinalCursorContract(ContractBase):
             assert position == CursorPosition(epoch, ordinal)
             built = backend.admin.cursor_after(topic_name, position.epoch, position.ordinal)
             for cursor in (delivered[ordinal - 1], built):
-                with topic.subscribe_from_cursor(cursor) as resumed:
-                    assert [r.payload for r in drain(resumed, count - ordinal)] == items[ordinal:]
-                    assert_idle(resumed)
+                assert_resumes(topic, cursor, items[ordinal:])
 
     def test_cursor_after_far_into_a_long_topic_still_refuses_trimmed_and_old_positions(
         self, backend: DurableStreamBackend, topic: DurableStreamTopic, topic_name: str
@@ -263,20 +247,23 @@ class OrdinalCursorContract(ContractBase):
         old_epoch = epoch_of(backend, topic_name)
         backend.admin.trim_topic(topic_name, keep_last=100)  # ordinals 221 to 320 remain
         for ordinal in (0, 129, 200, 219):
-            assert refused(topic, backend.admin.cursor_after(topic_name, old_epoch, ordinal)).reason == "trimmed"
+            assert (
+                expect_cursor_unavailable(topic, backend.admin.cursor_after(topic_name, old_epoch, ordinal)).reason
+                == "trimmed"
+            )
         for ordinal in (220, 221, 300):
-            with topic.subscribe_from_cursor(backend.admin.cursor_after(topic_name, old_epoch, ordinal)) as resumed:
-                assert [r.payload for r in drain(resumed, count - ordinal)] == items[ordinal:]
-                assert_idle(resumed)
+            assert_resumes(topic, backend.admin.cursor_after(topic_name, old_epoch, ordinal), items[ordinal:])
         # A re-created topic as long as the old one: the old incarnation's positions are not resolved
         # against the new records, however far into them they would fall.
         backend.admin.delete_topic(topic_name)
         new_epoch = backend.admin.create_topic(topic_name).epoch
         append_all(topic, payloads(count, "new"))
         for ordinal in (0, 200, 300, count):
-            assert refused(topic, backend.admin.cursor_after(topic_name, old_epoch, ordinal)).reason == "epoch"
-        with topic.subscribe_from_cursor(backend.admin.cursor_after(topic_name, new_epoch, 200)) as resumed:
-            assert [r.payload for r in drain(resumed, count - 200)] == payloads(count, "new")[200:]
+            assert (
+                expect_cursor_unavailable(topic, backend.admin.cursor_after(topic_name, old_epoch, ordinal)).reason
+                == "epoch"
+            )
+        assert_resumes(topic, backend.admin.cursor_after(topic_name, new_epoch, 200), payloads(count, "new")[200:])
 
     def test_cursor_after_round_trips_through_cursor_position(
         self, backend: DurableStreamBackend, topic_name: str
@@ -313,12 +300,17 @@ class OrdinalCursorContract(ContractBase):
         epoch = epoch_of(backend, topic_name)
         backend.admin.trim_topic(topic_name, keep_last=3)  # ordinals 8, 9 and 10 remain
         for ordinal in (0, 1, 6):
-            assert refused(topic, backend.admin.cursor_after(topic_name, epoch, ordinal)).reason == "trimmed"
-        with topic.subscribe_from_cursor(backend.admin.cursor_after(topic_name, epoch, 7)) as resumed:
-            assert [r.payload for r in drain(resumed, 3)] == items[7:]
-        # A position no record has had yet is no position of this topic either.
+            assert (
+                expect_cursor_unavailable(topic, backend.admin.cursor_after(topic_name, epoch, ordinal)).reason
+                == "trimmed"
+            )
+        assert_resumes(topic, backend.admin.cursor_after(topic_name, epoch, 7), items[7:])
+        # A position no record has had yet is no position of this topic either: nothing there is retained.
         for ordinal in (11, 12, 2**63):
-            refused(topic, backend.admin.cursor_after(topic_name, epoch, ordinal))
+            assert (
+                expect_cursor_unavailable(topic, backend.admin.cursor_after(topic_name, epoch, ordinal)).reason
+                == "trimmed"
+            )
 
     def test_cursor_after_of_an_epoch_that_is_not_the_topics_is_refused(
         self, backend: DurableStreamBackend, topic: DurableStreamTopic, topic_name: str
@@ -326,7 +318,9 @@ class OrdinalCursorContract(ContractBase):
         append_all(topic, payloads(3))
         epoch = epoch_of(backend, topic_name)
         for made_up in ("not-an-epoch", epoch + "0", epoch[:-1], epoch.upper() if epoch != epoch.upper() else "x"):
-            assert refused(topic, backend.admin.cursor_after(topic_name, made_up, 1)).reason == "epoch"
+            assert (
+                expect_cursor_unavailable(topic, backend.admin.cursor_after(topic_name, made_up, 1)).reason == "epoch"
+            )
 
     def test_cursor_after_is_bound_to_its_topic(
         self, backend: DurableStreamBackend, topic: DurableStreamTopic, topic_name: str
@@ -335,9 +329,8 @@ class OrdinalCursorContract(ContractBase):
         append_all(topic, payloads(3))
         append_all(other, payloads(3))
         built = backend.admin.cursor_after(topic_name, epoch_of(backend, topic_name), 1)
-        assert refused(other, built).reason == "foreign"
-        with topic.subscribe_from_cursor(built) as resumed:
-            assert [r.payload for r in drain(resumed, 2)] == [b"r1", b"r2"]
+        assert expect_cursor_unavailable(other, built).reason == "foreign"
+        assert_resumes(topic, built, [b"r1", b"r2"])
 
     def test_cursor_after_refuses_positions_it_cannot_express(
         self, backend: DurableStreamBackend, topic_name: str
