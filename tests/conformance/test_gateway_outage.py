@@ -1,7 +1,8 @@
 """A store that stalls while the gateway is reading and writing: live readers end or answer 503 within
 seconds, a write the store took before it stalled is not appended twice by its producer's retry, and
 a reader that resumes from the last offset it was given gets the rest exactly once. Records a store
-does not deliver in time are 503, never read as missing (an empty read, 404, 410, 409)."""
+does not deliver in time are 503, never read as missing (an empty read, 404, 410, 409). A PUT that
+comes in the middle of a delete waits for it."""
 
 from __future__ import annotations
 
@@ -170,3 +171,28 @@ def test_records_the_store_does_not_deliver_in_time_are_503_not_missing(
     assert other.test_client().get(path).data == b"abc"
     for each in (app, other):
         each.extensions["durable_stream"].close()
+
+
+def test_a_put_during_a_delete_waits_for_it(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = gateway_app(tmp_path, adapter_url("sqlite", tmp_path))
+    client, admin = app.test_client(), app.extensions["durable_stream"].backend.admin
+    path, text = "/race/a", {"Content-Type": "text/plain"}
+    assert client.put(path, headers=text, data="old").status_code == 201
+    delete_topic, statuses, racers = admin.delete_topic, [], []
+
+    def put_in_between(name: str) -> None:
+        delete_topic(name)
+        if name == f"ds:{path}" and not racers:  # the records are gone, the metadata not yet
+            put = app.test_client().put
+            racer = threading.Thread(target=lambda: statuses.append(put(path, headers=text, data="new").status_code))
+            racers.append(racer)
+            racer.start()
+            racer.join(timeout=1)  # it waits for the delete's lock (without it, it would complete here)
+
+    monkeypatch.setattr(admin, "delete_topic", put_in_between)
+    assert client.delete(path).status_code == 204
+    racers[0].join(timeout=10)
+    monkeypatch.undo()
+    # The PUT came after the delete: a new stream, not records whose metadata the delete then removed.
+    assert statuses == [201]
+    assert client.get(path).data == b"new"

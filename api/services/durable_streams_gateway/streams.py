@@ -179,7 +179,9 @@ class StreamRegistry:
             if meta.forks:
                 self._soft_delete(path, meta)
                 return
-        self.remove(path, meta)
+            # Under the lock, as ``expire`` does: a PUT between the records' removal and the metadata's
+            # would otherwise have its new snapshot deleted, leaving its records with no metadata (409).
+            self.remove(path, meta)
 
     def expire(self, path: str) -> None:
         """Delete the stream at ``path`` if it has expired (soft-delete it while forks remain)."""
