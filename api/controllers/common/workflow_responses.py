@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from flask import Flask, Response, current_app, request
 
 from api.controllers.common.sse import SSE_HEADERS, SseFramer, sse_messages
+from api.core.app.apps.message_generator import StartAt
 from api.core.durable_stream import TopicCursor
 from api.libs import log_context, metrics
 from api.libs.errors import GoneError, InvalidParamError, NotFoundError, ServiceUnavailableError
@@ -45,9 +46,29 @@ def start_run(app_model: App, body: Any) -> Any:
         runs.dispatch(run)
         return {"task_id": run.task_id, "workflow_run_id": run.id}, 202
     if mode == "streaming":
-        events = event_streams.run_streaming(app_model, run)
-        return event_stream_response(app_model, run, events, event_streams.run_headers(run), continue_on_pause=False)
+        return _stream_new_run(app_model, run)
     return runs.run_blocking(app_model, run)
+
+
+def _stream_new_run(app_model: App, run: WorkflowRun) -> Response:
+    """A streaming start: its response reads the run from its start, fixed before the run is dispatched,
+    through the run's writer in this process where one may write the socket."""
+    headers = event_streams.run_headers(run)
+    bound = _Bound.of(app_model, run)
+    arrival = None
+    if bound.socket is not None:
+        key = (bound.ids.topic, bound.framer.binding)
+        arrival = current_runtime().writers.arrive(key, bound.ids, bound.framer, StartAt.BEGINNING, epoch=None)
+    if arrival is None:  # no writer may write it, or none could read the run's topic: the client reads alone
+        events = event_streams.run_streaming(app_model, run)
+        return event_stream_response(app_model, run, events, headers, continue_on_pause=False, bound=bound)
+    try:
+        runs.dispatch(run)
+    except BaseException:
+        arrival.cancel()
+        raise
+    metrics.ARRIVALS.tally.add(("shared",))
+    return event_stream_response(app_model, run, None, headers, continue_on_pause=False, bound=bound, arrival=arrival)
 
 
 def _replay(app_model: App, run: WorkflowRun, mode: str) -> Any:
@@ -139,10 +160,12 @@ def _run_events(app_model: App, run: WorkflowRun, *, recalled: bool) -> Response
     snapshot = _flag("include_state_snapshot")
     bound = _Bound.of(app_model, run)
     arrival = None
-    if bound.socket is not None and (cursor is not None or snapshot) and not run.run_status.is_terminal:
-        # A live run's writer may hold what this client needs: then it reads nothing on its own.
+    if bound.socket is not None and not run.run_status.is_terminal:
+        # A live run's writer holds what this client needs (its history, or the live tail for a client
+        # with neither cursor nor snapshot): then it reads nothing on its own.
+        start: StartAt | TopicCursor = cursor if cursor is not None else StartAt.BEGINNING if snapshot else StartAt.TAIL
         arrival = current_runtime().writers.arrive(
-            (bound.ids.topic, bound.framer.binding), bound.ids, bound.framer, cursor, epoch=run.stream_epoch
+            (bound.ids.topic, bound.framer.binding), bound.ids, bound.framer, start, epoch=run.stream_epoch
         )
     events = None
     if arrival is not None and not recalled:

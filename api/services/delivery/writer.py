@@ -52,7 +52,7 @@ from api.core.durable_stream import CLOSED, TopicCursor
 from api.libs import log_context, metrics
 
 from .endings import EndingLane
-from .followers import ENDED, GONE, PAUSED, Delivery, Follower, Framed, Outcome, both_wires, wire
+from .followers import ENDED, FINISHED, GONE, PAUSED, Delivery, Follower, Framed, Outcome, both_wires, wire
 from .framing import Framer, observe_write
 from .run_cards import RunCards
 from .streams import COALESCE, RunIds, current_transport, pause_moved_past
@@ -78,6 +78,10 @@ class Arrival(NamedTuple):
     missed: list[Framed]
     cursor: TopicCursor | None
     pause_ends: bool
+
+    def cancel(self) -> None:
+        """The response will not be sent (its request failed after arriving): no longer expected."""
+        self.writer.expected -= 1
 
 
 class TopicWriter:
@@ -138,6 +142,18 @@ class TopicWriter:
             return list(self._ring) if self.complete else None
         number = self._sequence.get(cursor)
         return None if number is None else self._ring[number - self._ring_start + 1 :]
+
+    def at_tail(self) -> tuple[list[Framed], TopicCursor | None] | None:
+        """Where a client that needs nothing from the past starts (Dify's reader without a cursor or a
+        snapshot): at this writer's position, with nothing missed; or, once the run has ended, with its
+        ``workflow_finished`` alone, as a client reading alone would get it from the run's row.
+        ``None`` if this writer no longer delivers its topic."""
+        if not self.alive:
+            return None
+        last = self._ring[-1] if self._ring else None
+        if last is not None and last.name == FINISHED and last.cursor == self.position:
+            return [last], self.position
+        return [], self.position
 
     def join(self, client: Follower, cursor: TopicCursor | None) -> bool:
         """Serve ``client`` from strictly after ``cursor`` on, if this writer can continue there exactly."""
@@ -202,7 +218,10 @@ class TopicWriter:
                 pending = None
             else:
                 first = next(iter(self.clients), None)  # the one that joined first times out first
-                item = subscription.receive(timeout=loop.wait(clock(), joined=first.joined_at if first else clock()))
+                wait = loop.wait(clock(), joined=first.joined_at if first else clock())
+                # Until it has read what its topic holds, the arrivals wait for it: it must not wait
+                # for a ping first (an empty topic, or a history that filled its last batch exactly).
+                item = subscription.receive(timeout=wait if self.loaded.is_set() else 0)
             if item is None:
                 self.loaded.set()  # level with the topic: the clients waiting to arrive may come
                 now = clock()
@@ -384,10 +403,11 @@ class SharedWriters:
         return writer.join(client, cursor)
 
     def arrive(
-        self, key: tuple[str, bytes], ids: RunIds, framer: Framer, start: TopicCursor | None, *, epoch: str | None
+        self, key: tuple[str, bytes], ids: RunIds, framer: Framer, start: StartAt | TopicCursor, *, epoch: str | None
     ) -> Arrival | None:
-        """A way in for a client that starts after ``start`` (``None``: at the run's start) through the
-        topic's writer, without a read of its own; ``None`` if the writer cannot continue there exactly.
+        """A way in for a client through the topic's writer, without a read of its own: strictly after a
+        cursor, at the run's start (``StartAt.BEGINNING``: a snapshot, or a run being started), or at the
+        live tail (``StartAt.TAIL``); ``None`` if the writer cannot continue there exactly.
 
         Without a writer, one starts from the topic's beginning, so that the clients arriving after it
         find the run's history in it: the first one waits (at most :data:`ARRIVAL_PATIENCE`) until it
@@ -396,11 +416,19 @@ class SharedWriters:
         if self.watcher.draining:
             return None
         writer = self._loaded(key, ids, framer, epoch)
-        missed = writer.missed_after(start)
-        if missed is None:
+        if start is StartAt.TAIL:
+            found = writer.at_tail()
+            if found is None:
+                writer.expected -= 1
+                return None
+            missed, position = found
+            return Arrival(writer, missed, position, pause_ends=True)
+        cursor = None if start is StartAt.BEGINNING else start
+        behind = writer.missed_after(cursor)
+        if behind is None:
             writer.expected -= 1
             return None
-        return Arrival(writer, missed, missed[-1].cursor if missed else start, pause_ends=not writer.stale_pause)
+        return Arrival(writer, behind, behind[-1].cursor if behind else cursor, pause_ends=not writer.stale_pause)
 
     def _loaded(self, key: tuple[str, bytes], ids: RunIds, framer: Framer, epoch: str | None = None) -> TopicWriter:
         """The topic's writer (started at the topic's beginning if there is none) once it has read what
