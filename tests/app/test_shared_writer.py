@@ -24,9 +24,8 @@ from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, connect
 from api.gunicorn_conf import pause_logger
-from api.services.delivery.body import writable_socket
+from api.services.delivery.clients import ENDED, Follower, Outcome, writable_socket
 from api.services.delivery.endings import BATCH, PATIENCE
-from api.services.delivery.followers import ENDED, Follower, Outcome
 from api.services.delivery.watcher import RunWatcher
 from api.services.delivery.writer import SharedWriters
 from harness.app_env import base_env

@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Generator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
 
 from flask import Flask, Response, current_app, request
 
-from api.controllers.common.sse import SSE_HEADERS, SseFramer, sse_messages
+from api.controllers.common.sse import SSE_HEADERS, SseFramer
 from api.core.app.apps.message_generator import StartAt
 from api.core.durable_stream import TopicCursor
 from api.libs import log_context, metrics
@@ -26,7 +26,7 @@ from api.models.engine import db
 from api.services import delivery as event_streams
 from api.services import idempotency
 from api.services import workflow_run_service as runs
-from api.services.delivery import EventStream, current_runtime
+from api.services.delivery import current_runtime
 from api.services.run_recovery import run_log_fields
 
 logger = logging.getLogger(__name__)
@@ -46,29 +46,10 @@ def start_run(app_model: App, body: Any) -> Any:
         runs.dispatch(run)
         return {"task_id": run.task_id, "workflow_run_id": run.id}, 202
     if mode == "streaming":
-        return _stream_new_run(app_model, run)
+        return event_stream_response(
+            app_model, run, StartAt.BEGINNING, headers=event_streams.run_headers(run), new_run=True
+        )
     return runs.run_blocking(app_model, run)
-
-
-def _stream_new_run(app_model: App, run: WorkflowRun) -> Response:
-    """A streaming start: its response reads the run from its start, fixed before the run is dispatched,
-    through the run's writer in this process where one may write the socket."""
-    headers = event_streams.run_headers(run)
-    bound = _Bound.of(app_model, run)
-    arrival = None
-    if bound.socket is not None:
-        key = (bound.ids.topic, bound.framer.binding)
-        arrival = current_runtime().writers.arrive(key, bound.ids, bound.framer, StartAt.BEGINNING, epoch=None)
-    if arrival is None:  # no writer may write it, or none could read the run's topic: the client reads alone
-        events = event_streams.run_streaming(app_model, run)
-        return event_stream_response(app_model, run, events, headers, continue_on_pause=False, bound=bound)
-    try:
-        runs.dispatch(run)
-    except BaseException:
-        arrival.cancel()
-        raise
-    metrics.ARRIVALS.tally.add(("shared",))
-    return event_stream_response(app_model, run, None, headers, continue_on_pause=False, bound=bound, arrival=arrival)
 
 
 def _replay(app_model: App, run: WorkflowRun, mode: str) -> Any:
@@ -79,9 +60,8 @@ def _replay(app_model: App, run: WorkflowRun, mode: str) -> Any:
         return {"task_id": run.task_id, "workflow_run_id": run.id}, 202, replayed
     if mode == "streaming":
         db.session.close()
-        events = event_streams.reconnect(app_model, run, cursor=None, continue_on_pause=False, snapshot=True)
         headers = {**event_streams.run_headers(run), **replayed}
-        return event_stream_response(app_model, run, events, headers, continue_on_pause=False)
+        return event_stream_response(app_model, run, StartAt.BEGINNING, headers=headers)
     return runs.run_blocking(app_model, run, replay=True), 200, replayed
 
 
@@ -110,7 +90,7 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
         NotFoundError: (404) no such run of this app and user.
         InvalidParamError: (400, ``invalid_resume_token``) the token is malformed, forged, made with an
             unknown key, or belongs to another run or user.
-        GoneError: (410) see ``delivery.reconnect``.
+        GoneError: (410) see ``DeliveryRuntime.open_stream``.
     """
     # A run this process's writer delivers needs no query: a herd of arrivals shares one row.
     run = current_runtime().writers.cards.recall(task_id, app_id=app_model.id, end_user=user)
@@ -156,31 +136,10 @@ def _run_events(app_model: App, run: WorkflowRun, *, recalled: bool) -> Response
     token = last_event_id()
     if token is not None and event_streams.resumable():  # a live-only transport ignores it
         cursor = open_resume_token(app_model, run, token)
-    continue_on_pause = _flag("continue_on_pause")
-    snapshot = _flag("include_state_snapshot")
-    bound = _Bound.of(app_model, run)
-    arrival = None
-    if bound.socket is not None and not run.run_status.is_terminal:
-        # A live run's writer holds what this client needs (its history, or the live tail for a client
-        # with neither cursor nor snapshot): then it reads nothing on its own.
-        start: StartAt | TopicCursor = cursor if cursor is not None else StartAt.BEGINNING if snapshot else StartAt.TAIL
-        arrival = current_runtime().writers.arrive(
-            (bound.ids.topic, bound.framer.binding), bound.ids, bound.framer, start, epoch=run.stream_epoch
-        )
-    events = None
-    if arrival is not None and not recalled:
-        current_runtime().writers.cards.remember(arrival.writer.key, run)
-    if arrival is None:
-        if recalled:  # the reader starts on its own, from the row as it is now
-            run = _checked_run(app_model, run.id, run.end_user)
-            db.session.close()
-        events = event_streams.reconnect(
-            app_model, run, cursor=cursor, continue_on_pause=continue_on_pause, snapshot=snapshot
-        )
-    metrics.ARRIVALS.tally.add(("shared" if arrival is not None else "alone",))
-    return event_stream_response(
-        app_model, run, events, continue_on_pause=continue_on_pause, bound=bound, arrival=arrival
-    )
+    start: StartAt | TopicCursor = cursor if cursor is not None else StartAt.TAIL
+    if cursor is None and _flag("include_state_snapshot"):
+        start = StartAt.BEGINNING
+    return event_stream_response(app_model, run, start, continue_on_pause=_flag("continue_on_pause"), recalled=recalled)
 
 
 def _flag(name: str) -> bool:
@@ -209,63 +168,44 @@ def open_resume_token(app_model: App, run: WorkflowRun, token: str) -> TopicCurs
     return TopicCursor(cursor)
 
 
-class _Bound(NamedTuple):
-    """What one event-stream response is bound to: its run's ids, its framer (the sealer of its ids,
-    bound to the run and user) and, where a shared writer may write it, the client's socket."""
-
-    ids: event_streams.RunIds
-    framer: SseFramer
-    socket: Any | None
-    chunked: bool
-
-    @classmethod
-    def of(cls, app_model: App, run: WorkflowRun) -> _Bound:
-        ids = event_streams.RunIds.of(app_model, run)
-        # Bound once per response: the associated data and the AEAD object are reused for every event.
-        sealer = current_runtime().tokens.sealer(topic=ids.topic, app_id=app_model.id, end_user=run.end_user)
-        # Events appended before this moment are replayed, not delivered live (the lag metric is the live one's).
-        framer = SseFramer(sealer, since=time.time())
-        config = current_app.config["APP_CONFIG"]
-        socket = None
-        if config.SSE_SHARED_WRITER and event_streams.resumable():
-            socket = event_streams.writable_socket(request.environ)
-        return cls(ids, framer, socket, request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0")
-
-
 def event_stream_response(
     app_model: App,
     run: WorkflowRun,
-    events: EventStream | None,
-    headers: dict[str, str] | None = None,
+    start: StartAt | TopicCursor,
     *,
-    continue_on_pause: bool,
-    bound: _Bound | None = None,
-    arrival: event_streams.Arrival | None = None,
+    headers: dict[str, str] | None = None,
+    continue_on_pause: bool = False,
+    new_run: bool = False,
+    recalled: bool = False,
 ) -> Response:
-    """An SSE response of ``events`` (or of an ``arrival`` at the run's writer), each event's cursor
-    sealed into a token bound to the run and user.
+    """An SSE response of the run's events from ``start``, each event's cursor sealed into a token bound
+    to the run and user; delivery decides how (``DeliveryRuntime.open_stream``).
 
     The request's database work ends here: the stream may stay open for hours, and must hold
-    neither a pooled connection nor the rows the request loaded. Where it can, the response joins
-    the run's shared writer once it is level with it (``delivery.writer``).
+    neither a pooled connection nor the rows the request loaded.
     """
-    bound = bound or _Bound.of(app_model, run)
+    runtime = current_runtime()
+    # Bound once per response: the associated data and the AEAD object are reused for every event.
+    sealer = runtime.tokens.sealer(topic=runs.topic_name(app_model, run), app_id=app_model.id, end_user=run.end_user)
+    # Events appended before this moment are replayed, not delivered live (the lag metric is the live one's).
+    framer = SseFramer(sealer, since=time.time())
+    socket = None
+    if current_app.config["APP_CONFIG"].SSE_SHARED_WRITER and event_streams.resumable():
+        socket = event_streams.writable_socket(request.environ)
+    stream = event_streams.StreamRequest(
+        app=app_model,
+        run=run,
+        start=start,
+        framer=framer,
+        continue_on_pause=continue_on_pause,
+        new_run=new_run,
+        socket=socket,
+        chunked=request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0",
+        recalled=recalled,
+    )
+    body = runtime.open_stream(stream)
     db.session.close()
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]  # the app, not its proxy
-    if bound.socket is not None:
-        body = event_streams.shared_body(
-            events,
-            writers=current_runtime().writers,
-            socket=bound.socket,
-            chunked=bound.chunked,
-            ids=bound.ids,
-            framer=bound.framer,
-            continue_on_pause=continue_on_pause,
-            arrival=arrival,
-        )
-    else:
-        assert events is not None, "an arrival needs a shared writer"
-        body = sse_messages(events, resume_token=bound.framer.seal, since=bound.framer.since)
     # Passed through as it is: the chunks are bytes already, and werkzeug's encoding and closing
     # wrappers would add two layers to every chunk's way out (and to every parked stream's stack).
     return Response(
@@ -276,7 +216,7 @@ def event_stream_response(
     )
 
 
-def _in_app_context(app: Flask, chunks: Generator[bytes, None, None]) -> Generator[bytes, None, None]:
+def _in_app_context(app: Flask, chunks: Iterator[bytes]) -> Generator[bytes, None, None]:
     """``chunks`` run in an application context of their own, from the first chunk to the close.
 
     Not the request's context (``stream_with_context``): a stream may stay open for hours, and its
@@ -288,4 +228,6 @@ def _in_app_context(app: Flask, chunks: Generator[bytes, None, None]) -> Generat
         try:
             yield from chunks
         finally:
-            chunks.close()
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()

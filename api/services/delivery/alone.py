@@ -1,9 +1,9 @@
-"""Event streams for clients: streaming runs and reconnects, as domain items.
+"""A client reading a run alone: where it starts, its own subscription, and how its stream ends.
 
-The functions here yield :data:`~api.core.app.apps.message_generator.StreamItem` values — a run's
-events with their name, payload bytes as stored and cursor, pings, and notices (``error``) — and
-know nothing of SSE or resume tokens: the HTTP edge (``api.controllers.common``) frames the items
-and seals each cursor into the ``id:`` of its event.
+Used where no shared writer may write the client's socket (another server, TLS, ``HEAD``), and by a
+client a writer could not serve (:func:`reconnect` without a live writer, :func:`follow` after a
+hand-back). The items it yields (``reading``) know nothing of SSE or resume tokens: the HTTP edge
+frames them and seals each cursor into the ``id:`` of its event.
 
 Where a reader without a cursor starts is Dify's rule: from the current tail (what happens next),
 or with a snapshot from the beginning of the retained run; see :func:`reconnect`.
@@ -24,18 +24,7 @@ from sqlalchemy import select
 from api.configs import AppConfig
 from api.core.app.apps.event_codec import encode_event, event_name
 from api.core.app.apps.event_transport import EventSubscription, StreamMessage, WorkflowEventTransport
-from api.core.app.apps.message_generator import (
-    PING,
-    IncompleteRunError,
-    MessageGenerator,
-    Notice,
-    Retry,
-    StartAt,
-    StreamEvent,
-    StreamItem,
-    stream_topic_events,
-    terminal_events,
-)
+from api.core.app.apps.message_generator import MessageGenerator, StartAt
 from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, DurableStreamError, TopicCursor
 from api.extensions.ext_durable_stream import retention_max_age
 from api.libs import log_context, metrics
@@ -45,6 +34,7 @@ from api.models.engine import db
 
 from .. import run_recovery
 from .. import workflow_run_service as runs
+from .reading import PING, IncompleteRunError, Notice, Retry, StreamEvent, StreamItem, read_alone
 from .watcher import run_watcher
 
 logger = logging.getLogger(__name__)
@@ -307,6 +297,8 @@ def _events(
     first: StreamMessage | Closed | None = None,
     first_event: str | None = None,
 ) -> EventStream:
+    """The stream of a client reading ``subscription`` (entered) alone, watched by the process's run
+    watcher; its failures end it with an ``error`` notice."""
     config = _config()
     run_id = ids.run_id
     watcher = run_watcher()
@@ -324,16 +316,16 @@ def _events(
         if first is CLOSED:
             yield PING
             return
-        events = stream_topic_events(
+        events = read_alone(
             subscription,
             ping_interval=config.SSE_PING_INTERVAL,
             idle_timeout=config.SSE_IDLE_TIMEOUT,
-            terminal=terminal_events(continue_on_pause),
+            continue_on_pause=continue_on_pause,
             on_closed=watch.final_event,
             first=first,
             first_event=first_event,
             coalesce=COALESCE,
-            pause_moved_past=lambda payload: pause_moved_past(run_id, payload),
+            left_pause=lambda payload: pause_moved_past(run_id, payload),
         )
         first = None  # delivered by `events`; this frame must not keep it for the stream's life
         yield from events
