@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable, Generator, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from api.core.durable_stream import TopicCursor
 from api.libs import metrics
@@ -21,9 +21,6 @@ from api.libs import metrics
 from .alone import RunIds, follow
 from .framing import Framer, observe_write
 from .reading import FINISHED, PAUSED, EventBatch, StreamEvent, StreamItem, ends_at
-
-if TYPE_CHECKING:
-    from .writer import Arrival, SharedWriters
 
 
 class Outcome(NamedTuple):
@@ -41,8 +38,25 @@ ENDED, GONE = Outcome("ended"), Outcome("gone")
 class Serving(Protocol):
     """The writer serving a follower (``writer.TopicWriter``), as its response sees it."""
 
+    #: The topic and the binding of the resume tokens of its clients (its key among the process's writers).
+    key: tuple[str, bytes]
+    #: Clients that arrived and have not joined (or let go) yet.
+    expected: int
+
+    def join(self, client: Follower, cursor: TopicCursor | None) -> bool:
+        """Serve ``client`` from strictly after ``cursor`` on, if the writer can continue there exactly."""
+        ...
+
     def leave(self, client: Follower) -> None:
         """Forget ``client`` without waking it (its greenlet is going away)."""
+        ...
+
+
+class Writers(Protocol):
+    """A process's writers (``writer.SharedWriters``), as a response sees them."""
+
+    def join(self, key: tuple[str, bytes], client: Follower, cursor: TopicCursor, ids: RunIds, framer: Framer) -> bool:
+        """Have the topic's writer serve ``client`` after ``cursor``, if it can continue there exactly."""
         ...
 
 
@@ -70,6 +84,20 @@ class Framed(NamedTuple):
     name: str | None
     message: bytes
     event: StreamEvent
+
+
+class Arrival(NamedTuple):
+    """A client's way in at its run's writer without a read of its own: the writer, and what it delivered
+    after the client's start (framed, to be sent before the client joins at ``cursor``)."""
+
+    writer: Serving
+    missed: list[Framed]
+    cursor: TopicCursor | None
+    pause_ends: bool
+
+    def cancel(self) -> None:
+        """The response will not be sent (its request failed after arriving): no longer expected."""
+        self.writer.expected -= 1
 
 
 class Delivery:
@@ -123,7 +151,7 @@ def writable_socket(environ: dict[str, Any]) -> Any | None:
 def shared_body(
     events: Iterator[StreamItem] | None,
     *,
-    writers: SharedWriters,
+    writers: Writers,
     socket: Any,
     chunked: bool,
     ids: RunIds,

@@ -60,11 +60,11 @@ from .. import workflow_run_service as runs
 from . import alone
 from . import watcher as watcher_module
 from .admission import Admission
-from .clients import shared_body
+from .clients import Arrival, shared_body
 from .framing import Framer
 from .reading import StreamItem
 from .watcher import RunWatcher
-from .writer import Arrival, SharedWriters
+from .writer import SharedWriters
 
 EXTENSION_KEY = "delivery"
 logger = logging.getLogger(__name__)

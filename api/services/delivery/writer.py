@@ -41,7 +41,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from flask import Flask
 
@@ -52,7 +52,7 @@ from api.core.durable_stream import TopicCursor
 from api.libs import log_context, metrics
 
 from .alone import COALESCE, RunIds, current_transport, pause_moved_past
-from .clients import ENDED, GONE, Delivery, Follower, Framed, Outcome
+from .clients import ENDED, GONE, Arrival, Delivery, Follower, Framed, Outcome
 from .endings import EndingLane
 from .framing import Framer, observe_write
 from .reading import FINISHED, QUIET, ReadLoop, StreamEvent, batches
@@ -69,20 +69,6 @@ ARRIVAL_PATIENCE = 30.0
 #: How long a writer without clients stays for the ones that arrived (a response whose body never
 #: started would otherwise keep it forever).
 ARRIVAL_HOLD = 60.0
-
-
-class Arrival(NamedTuple):
-    """A client's way in without a read of its own: the writer, and what it delivered after the
-    client's start (framed, to be sent before the client joins at ``cursor``)."""
-
-    writer: TopicWriter
-    missed: list[Framed]
-    cursor: TopicCursor | None
-    pause_ends: bool
-
-    def cancel(self) -> None:
-        """The response will not be sent (its request failed after arriving): no longer expected."""
-        self.writer.expected -= 1
 
 
 class TopicWriter:
