@@ -92,12 +92,11 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
             unknown key, or belongs to another run or user.
         GoneError: (410) see ``DeliveryRuntime.open_stream``.
     """
-    # A run this process's writer delivers needs no query: a herd of arrivals shares one row.
-    run = current_runtime().writers.cards.recall(task_id, app_id=app_model.id, end_user=user)
-    recalled = run is not None
-    if run is None:
-        run = _checked_run(app_model, task_id, user)
-    metrics.RUN_LOOKUPS.tally.add(("writer" if recalled else "database",))
+    try:
+        run, recalled = current_runtime().find_run(app_model, task_id, user)
+    except NotFoundError:
+        metrics.RESUMES.tally.add(("not_found",))
+        raise
     with log_context.bound(run_log_fields(app_model, run)):
         try:
             response = _run_events(app_model, run, recalled=recalled)
@@ -117,14 +116,6 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
     resumed = last_event_id() is not None and event_streams.resumable()
     metrics.RESUMES.tally.add(("resumed" if resumed else "attached",))
     return response
-
-
-def _checked_run(app_model: App, task_id: str, user: str) -> WorkflowRun:
-    try:
-        return runs.checked(app_model, runs.get_run_by_task(app_model, task_id, user, or_run_id=True))
-    except NotFoundError:
-        metrics.RESUMES.tally.add(("not_found",))
-        raise
 
 
 def _run_events(app_model: App, run: WorkflowRun, *, recalled: bool) -> Response:

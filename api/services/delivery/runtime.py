@@ -115,6 +115,20 @@ class DeliveryRuntime:
             retry_after_max=config.SSE_BUSY_RETRY_AFTER_MAX,
         )
 
+    def find_run(self, app: App, run_or_task_id: str, user: str) -> tuple[WorkflowRun, bool]:
+        """The run a client asks for, and whether it is a copy of its row that the run's writer keeps:
+        a herd of arrivals at a run this process delivers shares one recent row instead of a query
+        each (``run_cards``); anyone else's run is read and checked (``watcher.checked_run``).
+
+        Raises:
+            NotFoundError: (404) no such run of this app and user.
+        """
+        run = self.writers.cards.recall(run_or_task_id, app_id=app.id, end_user=user)
+        metrics.RUN_LOOKUPS.tally.add(("writer" if run is not None else "database",))
+        if run is not None:
+            return run, True
+        return watcher_module.checked_run(app, run_or_task_id, user), False
+
     def open_stream(self, request: StreamRequest) -> Iterator[bytes]:
         """The bytes of the client's stream, each event's cursor sealed into its ``id:`` by the request's
         framer; everything that can refuse the request is decided before the first byte. Closing the
@@ -146,7 +160,7 @@ class DeliveryRuntime:
                 events = alone.run_streaming(app, run)
             else:
                 if request.recalled:  # the client reads on its own, from the row as it is now
-                    run = runs.checked(app, runs.get_run_by_task(app, run.id, run.end_user, or_run_id=True))
+                    run = watcher_module.checked_run(app, run.id, run.end_user)
                     db.session.close()
                 cursor = None if isinstance(request.start, StartAt) else request.start
                 events = alone.reconnect(

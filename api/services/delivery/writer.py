@@ -51,13 +51,13 @@ from api.core.app.apps.message_generator import MessageGenerator, StartAt
 from api.core.durable_stream import TopicCursor
 from api.libs import log_context, metrics
 
-from .alone import COALESCE, RunIds, current_transport, pause_moved_past
+from .alone import COALESCE, RunIds, current_transport
 from .clients import ENDED, GONE, Arrival, Delivery, Follower, Framed, Outcome
 from .endings import EndingLane
 from .framing import Framer, observe_write
 from .reading import FINISHED, QUIET, ReadLoop, StreamEvent, batches
 from .run_cards import RunCards
-from .watcher import RunWatcher, StreamWatch
+from .watcher import RunWatcher, StreamWatch, left_pause
 
 logger = logging.getLogger(__name__)
 
@@ -207,8 +207,9 @@ class TopicWriter:
             first = next(iter(self.clients), None)  # the one that joined first times out first
             return loop.wait(clock(), joined=first.joined_at if first else clock())
 
-        left_pause = functools.partial(pause_moved_past, self._ids.run_id)
-        for batch in batches(subscription, wait=wait, coalesce=COALESCE, left_pause=left_pause):
+        for batch in batches(
+            subscription, wait=wait, coalesce=COALESCE, left_pause=functools.partial(left_pause, self._ids.run_id)
+        ):
             if batch is QUIET:
                 self.loaded.set()  # level with the topic: the clients waiting to arrive may come
                 now = clock()
