@@ -155,6 +155,13 @@ class AppConfig(BaseSettings):
         description="Events a run's shared writer keeps after delivering them: a client that arrives or "
         "reconnects to a live run starts from them instead of reading the run again on its own.",
     )
+    SSE_MAX_ARRIVAL_RATE: float = Field(
+        default=0,
+        ge=0,
+        description="Event streams one API process admits a second (a token bucket holding one second's worth); "
+        "more are answered 503 server_busy with a Retry-After that gives each refused client its own turn, so "
+        "they come back at this rate. 0: no limit.",
+    )
     SSE_MAX_STARTING: int = Field(
         default=0,
         ge=0,

@@ -44,3 +44,54 @@ def test_a_loop_behind_refuses_streams_with_retry_afters_spread() -> None:
     gate.lag = 0.1
     with gate.start():
         pass
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_arrivals_past_the_rate_are_refused_each_with_its_own_turn() -> None:
+    clock = Clock()
+    gate = Admission(max_starting=0, max_lag=0, retry_after_max=5, max_rate=4, clock=clock)
+    refused = metrics.ADMISSION_REFUSED.tally.values.get(("rate",), [0.0])[0]
+    for _ in range(4):  # a second's worth at once
+        with gate.start():
+            pass
+    turns = []
+    for _ in range(8):
+        with pytest.raises(ServerBusyError) as caught, gate.start():
+            pass
+        turns.append(caught.value.retry_after)
+    # Slots a quarter of a second apart after the first second: the refused come back at the rate.
+    assert turns == [2, 2, 2, 2, 3, 3, 3, 3]
+    assert metrics.ADMISSION_REFUSED.tally.values.get(("rate",), [0.0])[0] == refused + 8
+    clock.now += 0.5  # half a second refills two arrivals
+    for _ in range(2):
+        with gate.start():
+            pass
+    with pytest.raises(ServerBusyError), gate.start():
+        pass
+    clock.now += 60  # the bucket holds one second's worth, however long it stayed unused
+    for _ in range(4):
+        with gate.start():
+            pass
+    with pytest.raises(ServerBusyError) as caught, gate.start():
+        pass
+    assert caught.value.retry_after == 2  # the queue of the refused emptied meanwhile
+
+
+def test_a_long_queue_of_refused_clients_is_told_at_most_the_longest_wait() -> None:
+    clock = Clock()
+    gate = Admission(max_starting=0, max_lag=0, retry_after_max=5, max_rate=1, clock=clock)
+    with gate.start():
+        pass
+    turns = []
+    for _ in range(100):
+        with pytest.raises(ServerBusyError) as caught, gate.start():
+            pass
+        turns.append(caught.value.retry_after)
+    assert turns[:3] == [2, 3, 4] and max(turns) == 30 and turns == sorted(turns)

@@ -113,6 +113,7 @@ class DeliveryRuntime:
             max_starting=config.SSE_MAX_STARTING,
             max_lag=config.SSE_MAX_LOOP_LAG,
             retry_after_max=config.SSE_BUSY_RETRY_AFTER_MAX,
+            max_rate=config.SSE_MAX_ARRIVAL_RATE,
         )
 
     def find_run(self, app: App, run_or_task_id: str, user: str) -> tuple[WorkflowRun, bool]:
