@@ -39,8 +39,8 @@ Then:
   (no stale replay), and so is every probe of that stream until it passes the last one received.
 - **Start lag** (``tail`` clients), per stream that received a probe: the ``time.time()`` at which
   that stream's request was sent minus the producer stamp of the first probe received on it
-  (positive: the stream began with an event appended before the client asked; a tail reader should
-  start at the live tail, so this stays below one probe interval).
+  (positive: the stream began with an event appended before the client asked). The orchestrator
+  counts a lag over one probe interval as a **stale start**: the tail reader was handed the past.
 - **Level with the live tail.** A client is level at a moment when it holds every event the run had
   appended by then. Judged at probe granularity from the producer's stamps: with ``c`` the moment of
   the client's last probe receipt (or the moment its current stream's headers arrived, if it has
