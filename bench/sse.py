@@ -204,7 +204,7 @@ def resume_runs(url: str, key: str, runs: list[PausedRun], spread: float = 0.0) 
         delay = started + index / len(runs) * spread - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        body = {"inputs": {"approved": True}, "action": run.action, "user": USER}
+        body = {"inputs": {"approved": "true"}, "action": run.action, "user": USER}
         answer = _post(url, f"/v1/form/human_input/{run.form_token}", key, body)
         answer.raise_for_status()
 

@@ -68,6 +68,11 @@ class AppConfig(BaseSettings):
     WORKFLOW_LLM_TOKEN_DELAY: float = Field(default=0.02, description="Default delay between simulated LLM tokens.")
     WORKFLOW_STOP_CHECK_INTERVAL: float = Field(default=1.0, description="Seconds the stop flag may be cached.")
     BLOCKING_RESPONSE_TIMEOUT: float = Field(default=600, description="Longest wait of a blocking run request.")
+    STRICT_END_USER_ACCESS: bool = Field(
+        default=False,
+        description="Only a run's own end user may stop it or answer its forms (404 not_found for another). "
+        "Off by default, as Dify: any end user of the app may stop a task, and a form's first answer wins.",
+    )
     WORKFLOW_START_TIMEOUT: float = Field(
         default=300, description="Seconds a queued execution attempt may wait for a worker before the run fails."
     )

@@ -92,17 +92,20 @@ def _check_open(app: App, form: HumanInputForm, run: WorkflowRun) -> None:
 def submit(app: App, token: str, payload: Any, *, user: str | None = None) -> WorkflowRun:
     """``POST /form/human_input/<token>`` with ``{"inputs", "action", "user"}``: answer the form, resume the run.
 
-    ``user`` is the web app's end user (its passport); the service API takes it from the body.
+    ``user`` is the web app's end user (its passport), who answers only its own runs' forms; the service
+    API takes it from the body, and any end user of the app may answer (Dify: the first answer wins).
 
     Raises:
         InvalidParamError: (400) the body is not a JSON object, or ``user`` is missing or malformed;
             (400 ``invalid_form_data``) the inputs or the action do not match the form.
-        NotFoundError: (404 ``not_found``) no such form of this app and end user.
+        NotFoundError: (404 ``not_found``) no such form of this app (with ``STRICT_END_USER_ACCESS``,
+            of this end user's runs: otherwise any end user of the app may answer, the first answer wins).
         PreconditionFailedError: (412) the form was already submitted, or expired.
         ServiceUnavailableError: (503) the task queue is unavailable (the run then fails).
     """
     if not isinstance(payload, Mapping):
         raise InvalidParamError("the request body must be a JSON object")
+    own_runs_only = user is not None
     user = require_user(payload.get("user") if user is None else user)
     inputs, action = payload.get("inputs", {}), payload.get("action")
     if not isinstance(inputs, Mapping):
@@ -110,7 +113,7 @@ def submit(app: App, token: str, payload: Any, *, user: str | None = None) -> Wo
     if action is not None and not isinstance(action, str):
         raise InvalidParamError("'action' must be the id of one of the form's actions", code="invalid_form_data")
     form, run = open_form(app, token)
-    if run.end_user != user:
+    if run.end_user != user and (own_runs_only or runs.strict_end_users()):
         raise _not_found()
     return answer(app, form, run, inputs, action)
 
@@ -121,7 +124,7 @@ def answer(
     """Check a submission against its form, take the form's answer, and resume the run with it."""
     node = Graph(app.graph).nodes[form.node_id]
     try:
-        _, action = check_submission(node, inputs, action)
+        _, action = check_submission(node, inputs, action, form.definition)
     except InvalidSubmissionError as exc:
         raise InvalidParamError(str(exc), code="invalid_form_data") from exc
     _await_pause(app, form, run)
@@ -141,7 +144,7 @@ def submit_by_run(app: App, run_id: str, payload: Any) -> WorkflowRun:
 
     Raises:
         InvalidParamError: (400 ``invalid_param``) a malformed body, or inputs that do not match the form.
-        NotFoundError: (404 ``workflow_run_not_found``) no such run of this app and user.
+        NotFoundError: (404 ``not_found``) no such run of this app and user.
         ConflictError: (409 ``workflow_not_paused``) the run is not waiting for a form.
     """
     if not isinstance(payload, Mapping):

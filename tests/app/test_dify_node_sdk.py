@@ -61,10 +61,12 @@ NODE_STARTED_KEYS = {
     "index",
     "predecessor_node_id",
     "inputs",
+    "inputs_truncated",
     "created_at",
     "extras",
     "iteration_id",
     "loop_id",
+    "agent_strategy",
 }
 NODE_FINISHED_KEYS = {
     "id",
@@ -74,8 +76,11 @@ NODE_FINISHED_KEYS = {
     "index",
     "predecessor_node_id",
     "inputs",
+    "inputs_truncated",
     "process_data",
+    "process_data_truncated",
     "outputs",
+    "outputs_truncated",
     "status",
     "error",
     "elapsed_time",
@@ -86,7 +91,8 @@ NODE_FINISHED_KEYS = {
     "iteration_id",
     "loop_id",
 }
-LLM_METADATA_KEYS = {"total_tokens", "prompt_tokens", "completion_tokens", "total_price", "currency"}
+#: Dify's execution metadata takes only its own keys (``WorkflowNodeExecutionMetadataKey``).
+LLM_METADATA_KEYS = {"total_tokens", "total_price", "currency"}
 WORKFLOW_FINISHED_KEYS = {
     "id",
     "workflow_id",
@@ -98,6 +104,7 @@ WORKFLOW_FINISHED_KEYS = {
     "total_steps",
     "created_at",
     "finished_at",
+    "created_by",
     "exceptions_count",
     "files",
 }
@@ -112,6 +119,7 @@ HUMAN_INPUT_REQUIRED_KEYS = {
     "form_token",
     "resolved_default_values",
     "expiration_time",
+    "approval_channels",
 }
 WORKFLOW_PAUSED_KEYS = {
     "workflow_run_id",
@@ -276,7 +284,8 @@ def check_human_input_required(data: Mapping[str, Any]) -> None:
     assert not missing, f"human_input_required lacks {missing}: {data}"
     assert data["node_id"] == "approve" and data["node_title"] == "Approve the greeting", data
     fields = {field.get("output_variable_name"): field for field in data["inputs"]}
-    assert fields.get("approved", {}).get("type") == "boolean", data["inputs"]
+    assert fields.get("approved", {}).get("type") == "select", data["inputs"]
+    assert fields["approved"]["option_source"]["value"] == ["true", "false"], data["inputs"]
     assert [action.get("id") for action in data["actions"]] == ["submit"], data["actions"]
     assert all({"id", "title", "button_style"} <= set(action) for action in data["actions"]), data["actions"]
     assert isinstance(data["form_token"], str) and data["form_token"], data
@@ -349,7 +358,7 @@ def test_streaming_run_reads_as_a_dify_event_stream(stack: Stack) -> None:
     assert final["total_tokens"] == blocking["body"]["data"]["total_tokens"], "same inputs, same token count"
     llm = next(data for data in finished if data["node_type"] == "llm")
     metadata = llm["execution_metadata"]
-    assert isinstance(metadata, dict) and not lacks(metadata, LLM_METADATA_KEYS), metadata
+    assert isinstance(metadata, dict) and set(metadata) == LLM_METADATA_KEYS, metadata
     assert metadata["total_tokens"] == final["total_tokens"], "the run's tokens are its one model's"
     assert all(data["execution_metadata"] is None for data in finished if data["node_type"] != "llm")
 
@@ -384,7 +393,7 @@ def test_human_input_form_pauses_and_resumes_the_run(stack: Stack) -> None:
     missing = lacks(paused, WORKFLOW_PAUSED_KEYS)
     assert not missing, f"workflow_paused lacks {missing}: {paused}"
     assert paused["status"] == "paused" and paused["paused_nodes"] == ["approve"], paused
-    assert [reason.get("type") for reason in paused["reasons"]] == ["human_input_required"], paused["reasons"]
+    assert [reason.get("TYPE") for reason in paused["reasons"]] == ["human_input_required"], paused["reasons"]
     assert paused["reasons"][0].get("form_token") == required["form_token"], paused["reasons"]
     ran_through(report)
 
@@ -410,7 +419,7 @@ def test_human_input_form_pauses_and_resumes_the_run(stack: Stack) -> None:
     assert len(filled) == 1 and filled[0]["node_id"] == "approve", filled
     assert filled[0]["action_id"] == report["submitted_action"] == "submit", filled
     approve = [data for data in of(resumed, "node_finished") if data["node_id"] == "approve"]
-    assert len(approve) == 1 and approve[0]["outputs"].get("approved") is True, approve
+    assert len(approve) == 1 and approve[0]["outputs"].get("approved") == "true", approve
     final = resumed[-1]["data"]
     check_workflow_finished(final, "succeeded")
     assert final["id"] == run_id

@@ -183,7 +183,7 @@ const scenarios = {
     report.form = await fetchJson("GET", formPath);
     if (report.form.status !== 200) throw new Error(`GET ${formPath} answered ${report.form.status}`);
     const action = report.form.body?.user_actions?.[0]?.id;
-    const submission = { inputs: { approved: true }, action, user };
+    const submission = { inputs: { approved: "true" }, action, user };
     report.submitted_action = action ?? null;
     report.submit = await fetchJson("POST", formPath, submission);
     report.submit_again = await fetchJson("POST", formPath, submission);
