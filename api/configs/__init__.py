@@ -121,6 +121,17 @@ class AppConfig(BaseSettings):
     MAX_REQUEST_BODY_BYTES: int = Field(
         default=1 << 20, ge=1, description="Largest request body accepted, chunked or not (413 beyond)."
     )
+    STORAGE_LOCAL_PATH: pathlib.Path | None = Field(
+        default=None,
+        description="Folder where uploaded files (POST /files/upload) are kept; default VAR_DIR/storage.",
+    )
+    UPLOAD_FILE_SIZE_LIMIT: int = Field(default=15, ge=1, description="Largest uploaded document, in MB.")
+    UPLOAD_IMAGE_FILE_SIZE_LIMIT: int = Field(default=10, ge=1, description="Largest uploaded image, in MB.")
+    UPLOAD_AUDIO_FILE_SIZE_LIMIT: int = Field(default=50, ge=1, description="Largest uploaded audio file, in MB.")
+    UPLOAD_VIDEO_FILE_SIZE_LIMIT: int = Field(default=100, ge=1, description="Largest uploaded video, in MB.")
+    UPLOAD_FILE_EXTENSION_BLACKLIST: str = Field(
+        default="", description="Comma-separated extensions refused by POST /files/upload (e.g. 'exe,bat')."
+    )
     # Capped far below Python's recursion limit: the parser recurses once per level, also in greenlets.
     MAX_JSON_DEPTH: int = Field(
         default=32, ge=1, le=200, description="Deepest nesting of arrays and objects in a JSON body (400 beyond)."

@@ -17,11 +17,13 @@ from sqlalchemy import select
 
 from api.core.app.apps import form_store, run_store
 from api.core.workflow import Graph
-from api.core.workflow.forms import InvalidSubmissionError, check_submission
+from api.core.workflow.forms import InvalidSubmissionError, check_submission, fields_of
+from api.core.workflow.graph import Node
 from api.libs.errors import ConflictError, InvalidParamError, NotFoundError, PreconditionFailedError
 from api.models import App, HumanInputForm, HumanInputFormStatus, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
+from . import file_service
 from . import workflow_run_service as runs
 from .validation import could_be_credential, require_user
 
@@ -123,6 +125,7 @@ def answer(
 ) -> WorkflowRun:
     """Check a submission against its form, take the form's answer, and resume the run with it."""
     node = Graph(app.graph).nodes[form.node_id]
+    inputs = _resolved_files(app, node, inputs)
     try:
         _, action = check_submission(node, inputs, action, form.definition)
     except InvalidSubmissionError as exc:
@@ -136,6 +139,29 @@ def answer(
     _resume(run, {"kind": "submission", "inputs": dict(inputs), "action": action})
     logger.info("run %s: form %s submitted (%s)", run.id, form.id, action)
     return run
+
+
+def _resolved_files(app: App, node: Node, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The submission with each file of a ``file`` / ``file-list`` field resolved (an upload's name, type, size).
+
+    Raises:
+        InvalidParamError: (400 ``invalid_form_data``) a file that is no file object, or an upload this
+            app does not have.
+    """
+    resolved = dict(inputs)
+    try:
+        for field in fields_of(node):
+            value = inputs.get(field.name)
+            if field.kind == "file" and isinstance(value, Mapping):
+                resolved[field.name] = file_service.resolve(app, value, f"form field {field.name!r}")
+            elif field.kind == "file-list" and isinstance(value, list):
+                where = f"form field {field.name!r}"
+                resolved[field.name] = [
+                    file_service.resolve(app, item, where) if isinstance(item, Mapping) else item for item in value
+                ]
+    except InvalidParamError as exc:
+        raise InvalidParamError(exc.message, code="invalid_form_data") from exc
+    return resolved
 
 
 def submit_by_run(app: App, run_id: str, payload: Any) -> WorkflowRun:

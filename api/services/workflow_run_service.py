@@ -32,7 +32,8 @@ from api.libs.errors import (
 from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
-from . import run_recovery, task_queue
+from . import end_user_service, file_service, run_recovery, task_queue
+from .app_info_service import WORKFLOW_FILE_UPLOAD_LIMIT
 from .validation import could_be_our_id, require_user
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,12 @@ def topic_name(app: App, run: WorkflowRun) -> str:
 
 
 def parse_run_request(app: App, payload: Any) -> tuple[dict[str, Any], str, str]:
-    """Validate ``{"inputs", "user", "response_mode"}``; return them."""
+    """Validate ``{"inputs", "user", "response_mode"}``; return them (file inputs resolved), the end
+    user recorded.
+
+    Raises:
+        InvalidParamError: (400 ``invalid_param``) a malformed body, a missing input, a bad file input.
+    """
     if not isinstance(payload, Mapping):
         raise InvalidParamError("the request body must be a JSON object")
     inputs = payload.get("inputs", {})
@@ -61,10 +67,31 @@ def parse_run_request(app: App, payload: Any) -> tuple[dict[str, Any], str, str]
     if mode not in RESPONSE_MODES:
         raise InvalidParamError(f"'response_mode' must be one of {', '.join(RESPONSE_MODES)}")
     start = Graph(app.graph).start
+    checked = dict(inputs)
     for variable in start.config.get("variables", []):
-        if variable.get("required", False) and variable["name"] not in inputs and "default" not in variable:
-            raise InvalidParamError(f"input {variable['name']!r} is required")
-    return dict(inputs), user, mode
+        name = variable["name"]
+        if variable.get("required", False) and name not in inputs and "default" not in variable:
+            raise InvalidParamError(f"input {name!r} is required")
+        if name in inputs and variable.get("type") in ("file", "file-list"):
+            checked[name] = _file_input(app, variable, inputs[name])
+    end_user_service.ensure(app, user)
+    return checked, user, mode
+
+
+def _file_input(app: App, variable: Mapping[str, Any], value: Any) -> Any:
+    """A file input of a run (Dify's ``InputFileObject``, or a list of them), its uploads resolved.
+
+    Raises:
+        InvalidParamError: not a file object (list), more files than the variable takes, or an upload
+            this app does not have.
+    """
+    name = variable["name"]
+    if variable["type"] == "file":
+        return file_service.resolve(app, value, f"input {name!r}")
+    limit = variable.get("number_limits") or WORKFLOW_FILE_UPLOAD_LIMIT
+    if not isinstance(value, list) or len(value) > limit:
+        raise InvalidParamError(f"input {name!r} must be a list of at most {limit} file objects")
+    return [file_service.resolve(app, item, f"input {name!r}") for item in value]
 
 
 def new_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:

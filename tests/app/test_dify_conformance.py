@@ -282,6 +282,7 @@ def finished_event(**changes: Any) -> dict[str, Any]:
         "total_steps": 4,
         "created_at": 1_760_000_000,
         "finished_at": 1_760_000_001,
+        "created_by": {"id": "user-1", "user": "u1"},
         "exceptions_count": 0,
         "files": [],
     }
