@@ -25,6 +25,7 @@ from harness.sse import SseMessage, parse_sse
 from harness.waiting import wait_until
 from tests.app.conftest import AppHarness
 from tests.app.dify_schemas import EVENT_NAMES, load_schema, registry, schema_names, validate, validate_event, validator
+from tests.app.dify_spec import event_schema, response_schema, validate_spec
 
 TRANSPORTS = ("durable_stream", "broadcast_channel")
 USER = "dify-conformance"
@@ -172,6 +173,7 @@ def conforming_events(
         assert message.event is None, f"message {index} has an `event: {message.event}` line: {message}"
         event = message.json
         validate_event(event, f"message {index} ({event.get('event')!r}) on {target.transport}")
+        validate_spec(event_schema(event["event"]), event, f"message {index} on {target.transport}")
         assert (event["task_id"], event["workflow_run_id"]) == (task_id, run_id), f"message {index}: {event}"
         if check_ids and target.durable:
             assert message.id, f"message {index} has no `id:` line on the durable transport: {message}"
@@ -211,6 +213,7 @@ def blocking_run(target: Target, inputs: dict[str, Any], schema: str) -> dict[st
     assert response.status_code == 200, response.get_data(as_text=True)
     body: dict[str, Any] = response.json
     validate(schema, body, f"the blocking response on {target.transport}")
+    validate_spec(response_schema("POST", "/workflows/run"), body, "the blocking response")
     assert body["data"]["id"] == body["workflow_run_id"]
     return body
 
@@ -220,6 +223,7 @@ def run_detail(target: Target, run_id: str, key: str | None = None) -> dict[str,
     assert response.status_code == 200, response.get_data(as_text=True)
     detail: dict[str, Any] = response.json
     validate("run_detail", detail, "the run detail")
+    validate_spec(response_schema("GET", "/workflows/run/{workflow_run_id}"), detail, "the run detail")
     assert detail["id"] == run_id
     return detail
 
@@ -396,6 +400,7 @@ def test_a_form_filled_by_token_resumes_the_run(target: Target) -> None:
     form = target.get(form_url)
     assert form.status_code == 200, form.json
     validate("form_get_response", form.json, "the form")
+    validate_spec(response_schema("GET", "/form/human_input/{form_token}"), form.json, "the form")
     assert {field["output_variable_name"] for field in form.json["inputs"]} == {"approved", "note"}
     action = form.json["user_actions"][0]
     answer = {"inputs": {"approved": "true"}, "action": action["id"], "user": USER}
@@ -465,6 +470,7 @@ def test_a_stopped_streaming_run_conforms(target: Target) -> None:
         stopped = target.post(f"/v1/workflows/tasks/{task_id}/stop", {"user": USER}, key)
         assert stopped.status_code == 200, stopped.json
         validate("stop_response", stopped.json, "the stop answer")
+        validate_spec(response_schema("POST", "/workflows/tasks/{task_id}/stop"), stopped.json, "the stop answer")
         stream.read()
     finally:
         stream.close()

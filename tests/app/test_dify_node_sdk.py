@@ -464,3 +464,117 @@ def test_a_typed_python_client_reads_details_and_stops_runs(stack: Stack) -> Non
     assert isinstance(detail.elapsed_time, float) and isinstance(detail.created_at, int)
     assert isinstance(detail.finished_at, int) and detail.inputs == {"name": "Ada"}
     client.close()
+
+
+def test_dify_s_typed_python_client_makes_every_workflow_call(stack: Stack) -> None:
+    """``dify-client-python`` (Dify's typed client, unchanged), through every workflow call it offers: a
+    blocking and a streaming run (one that pauses for a form too), a stop (by another end user, and of
+    an unknown task), a file upload, the speech calls, and the same run and stop from its async client.
+    Each answer is parsed by the client's own models; a field they would choke on fails here."""
+    import asyncio
+
+    from dify_client import AsyncClient, Client, errors, models
+    from dify_client import _clientx as clientx
+
+    client = Client(api_key=stack.keys["greeting"], api_base=stack.base_url)
+    user = f"typed-{uuid.uuid4().hex[:8]}"
+
+    def run(mode: models.ResponseMode, **inputs: str) -> Any:
+        request = models.WorkflowsRunRequest(inputs={"name": "Ada", **inputs}, response_mode=mode, user=user)
+        return client.run_workflows(request)
+
+    blocking = run(models.ResponseMode.BLOCKING)
+    assert isinstance(blocking, models.WorkflowsRunResponse) and blocking.data.status == "succeeded"
+    assert blocking.data.outputs == {"greeting": GREETING_TEXT} and blocking.data.created_by["user"] == user
+    assert blocking.data.total_tokens and blocking.data.total_tokens > 0
+
+    streamed = list(run(models.ResponseMode.STREAMING))
+    kinds = [str(event.event) for event in streamed]
+    assert kinds[0] == "workflow_started" and kinds[-1] == "workflow_finished", kinds
+    # The client hands most workflow events' data over as a dict (its union ends in a Dict member);
+    # each is parsed here with the client's own model of its kind.
+    typed = {
+        "workflow_started": models.WorkflowStartedData,
+        "node_started": models.NodeStartedData,
+        "node_finished": models.NodeFinishedData,
+        "workflow_finished": models.WorkflowFinishedData,
+    }
+    parsed = [
+        typed[kind].model_validate(event.data, from_attributes=True)
+        for kind, event in zip(kinds, streamed, strict=True)
+        if kind in typed
+    ]
+    finished_nodes = [data for data in parsed if isinstance(data, models.NodeFinishedData)]
+    llm = next(data for data in finished_nodes if data.node_type == "llm")
+    assert llm.execution_metadata is not None and llm.execution_metadata.total_tokens == blocking.data.total_tokens
+    assert llm.outputs_truncated is False and llm.inputs_truncated is False
+    text = "".join(event.data.text for event in streamed if isinstance(event, models.TextChunkStreamResponse))
+    assert text == GREETING_TEXT
+    assert isinstance(parsed[-1], models.WorkflowFinishedData) and parsed[-1].status == "succeeded"
+
+    paused = list(run(models.ResponseMode.STREAMING, mood="formal"))
+    assert [str(event.event) for event in paused][-2:] == ["human_input_required", "workflow_paused"]
+    form = paused[-2].data
+    assert isinstance(form, dict) and form["inputs"][0]["type"] == "select" and form["approval_channels"] == []
+    assert paused[-1].data["reasons"][0]["TYPE"] == "human_input_required"
+
+    slow = Client(api_key=stack.keys["slow"], api_base=stack.base_url)
+    started = requests.post(
+        f"{stack.base_url}/workflows/run",
+        json={"inputs": {"name": "Ada"}, "user": user, "response_mode": "async"},
+        headers={"Authorization": f"Bearer {stack.keys['slow']}"},
+        timeout=30,
+    ).json()
+    # Any end user of the app may stop its task; an unknown task is a success too.
+    assert slow.stop_workflows(started["task_id"], models.StopRequest(user="someone else")).result == "success"
+    assert slow.stop_workflows(str(uuid.uuid4()), models.StopRequest(user=user)).result == "success"
+    detail = f"{stack.base_url}/workflows/run/{started['workflow_run_id']}"
+    headers = {"Authorization": f"Bearer {stack.keys['slow']}"}
+    deadline = time.monotonic() + 30
+    while (status := requests.get(detail, headers=headers, timeout=30).json()["status"]) == "running":
+        assert time.monotonic() < deadline, "the run never stopped"
+        time.sleep(0.05)
+    assert status == "stopped"
+
+    uploaded = client.upload_files(("notes.txt", b"hello", "text/plain"), models.UploadFileRequest(user=user))
+    assert isinstance(uploaded, models.UploadFileResponse) and (uploaded.name, uploaded.size) == ("notes.txt", 5)
+    with pytest.raises(errors.DifyAPIError) as speech:
+        client.audio_to_text(("a.mp3", b"ID3", "audio/mpeg"), models.AudioToTextRequest(user=user))
+    assert (speech.value.status, speech.value.code) == (400, "speech_to_text_disabled")
+    with pytest.raises(errors.DifyInvalidParam):
+        client.text_to_audio(models.TextToAudioRequest(text="hi", user=user))
+
+    async def async_calls() -> tuple[Any, Any]:
+        async_client = AsyncClient(api_key=stack.keys["greeting"], api_base=stack.base_url)
+        request = models.WorkflowsRunRequest(
+            inputs={"name": "Ada"}, response_mode=models.ResponseMode.BLOCKING, user=user
+        )
+        try:
+            answer = await async_client.arun_workflows(request)
+            stop = await async_client.astop_workflows(answer.task_id, models.StopRequest(user=user))
+        finally:
+            await clientx._async_httpx_client.aclose()  # bound to this event loop, which ends here
+        return answer, stop
+
+    try:
+        answer, stop = asyncio.run(async_calls())
+    finally:
+        clientx._httpx_client.close()  # the client's module-wide pool: no socket outlives the test
+    assert answer.data.status == "succeeded" and stop.result == "success"
+
+
+def test_the_node_sdk_reads_parameters_uploads_and_is_told_a_workflow_app_is_no_chat_app(stack: Stack) -> None:
+    report = drive(stack, "greeting", "app")
+    ran_through(report)
+    parameters = report["parameters"]
+    assert parameters["status"] == 200, parameters
+    assert [next(iter(item)) for item in parameters["body"]["user_input_form"]] == ["text-input", "text-input"]
+    assert [item["text-input"]["variable"] for item in parameters["body"]["user_input_form"]] == ["name", "mood"]
+    upload = report["upload"]
+    assert upload["status"] == 201, upload
+    assert (upload["body"]["name"], upload["body"]["size"], upload["body"]["mime_type"]) == (
+        "node.txt",
+        15,
+        "text/plain",
+    )
+    assert report["chat"]["status"] == 400 and report["chat"]["body"]["code"] == "not_chat_app", report["chat"]
