@@ -96,7 +96,11 @@ def probe_workflow(tokens: int, rate: float) -> dict[str, Any]:
         "graph": {
             "nodes": [
                 {"id": "start", "type": "start", "variables": [{"name": "name", "required": True}]},
-                {"id": "approve", "type": "human_input", "form": [{"name": "approved", "type": "boolean"}]},
+                {
+                    "id": "approve",
+                    "type": "human_input",
+                    "form": [{"name": "approved", "type": "select", "options": ["true", "false"]}],
+                },
                 {
                     "id": "llm",
                     "type": "llm",
