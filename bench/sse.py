@@ -102,7 +102,11 @@ def probe_workflow(tokens: int, rate: float) -> dict[str, Any]:
         "graph": {
             "nodes": [
                 {"id": "start", "type": "start", "variables": [{"name": "name", "required": True}]},
-                {"id": "approve", "type": "human_input", "form": [{"name": "approved", "type": "boolean"}]},
+                {
+                    "id": "approve",
+                    "type": "human_input",
+                    "form": [{"name": "approved", "type": "select", "options": ["true", "false"]}],
+                },
                 {
                     "id": "llm",
                     "type": "llm",
@@ -174,7 +178,7 @@ def resume_runs(url: str, key: str, runs: list[PausedRun], spread: float = 0.0) 
         delay = started + index / len(runs) * spread - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        body = {"inputs": {"approved": True}, "action": run.action, "user": USER}
+        body = {"inputs": {"approved": "true"}, "action": run.action, "user": USER}
         answer = _post(url, f"/v1/form/human_input/{run.form_token}", key, body)
         answer.raise_for_status()
 

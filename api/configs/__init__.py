@@ -68,6 +68,11 @@ class AppConfig(BaseSettings):
     WORKFLOW_LLM_TOKEN_DELAY: float = Field(default=0.02, description="Default delay between simulated LLM tokens.")
     WORKFLOW_STOP_CHECK_INTERVAL: float = Field(default=1.0, description="Seconds the stop flag may be cached.")
     BLOCKING_RESPONSE_TIMEOUT: float = Field(default=600, description="Longest wait of a blocking run request.")
+    STRICT_END_USER_ACCESS: bool = Field(
+        default=False,
+        description="Only a run's own end user may stop it or answer its forms (404 not_found for another). "
+        "Off by default, as Dify: any end user of the app may stop a task, and a form's first answer wins.",
+    )
     WORKFLOW_START_TIMEOUT: float = Field(
         default=300, description="Seconds a queued execution attempt may wait for a worker before the run fails."
     )
@@ -115,6 +120,17 @@ class AppConfig(BaseSettings):
 
     MAX_REQUEST_BODY_BYTES: int = Field(
         default=1 << 20, ge=1, description="Largest request body accepted, chunked or not (413 beyond)."
+    )
+    STORAGE_LOCAL_PATH: pathlib.Path | None = Field(
+        default=None,
+        description="Folder where uploaded files (POST /files/upload) are kept; default VAR_DIR/storage.",
+    )
+    UPLOAD_FILE_SIZE_LIMIT: int = Field(default=15, ge=1, description="Largest uploaded document, in MB.")
+    UPLOAD_IMAGE_FILE_SIZE_LIMIT: int = Field(default=10, ge=1, description="Largest uploaded image, in MB.")
+    UPLOAD_AUDIO_FILE_SIZE_LIMIT: int = Field(default=50, ge=1, description="Largest uploaded audio file, in MB.")
+    UPLOAD_VIDEO_FILE_SIZE_LIMIT: int = Field(default=100, ge=1, description="Largest uploaded video, in MB.")
+    UPLOAD_FILE_EXTENSION_BLACKLIST: str = Field(
+        default="", description="Comma-separated extensions refused by POST /files/upload (e.g. 'exe,bat')."
     )
     # Capped far below Python's recursion limit: the parser recurses once per level, also in greenlets.
     MAX_JSON_DEPTH: int = Field(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .end_user import EndUser, UploadFile
 from .human_input import HumanInputForm, HumanInputFormStatus, IdempotencyKey
 from .model import App
 from .row_copy import RowCopy
@@ -9,10 +10,12 @@ from .workflow import WorkflowRun, WorkflowRunStatus
 
 __all__ = [
     "App",
+    "EndUser",
     "HumanInputForm",
     "HumanInputFormStatus",
     "IdempotencyKey",
     "RowCopy",
+    "UploadFile",
     "WorkflowRun",
     "WorkflowRunStatus",
 ]

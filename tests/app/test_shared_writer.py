@@ -339,7 +339,7 @@ def test_a_pause_ends_the_joined_clients_that_stop_at_pauses_and_no_others(stack
     answer = requests.post(
         f"{stack.url}/v1/workflows/runs/{run_id}/human-input",
         headers={"Authorization": f"Bearer {key}"},
-        json={"user": "u1", "inputs": {"approved": True}},
+        json={"user": "u1", "inputs": {"approved": "true"}},
         timeout=30,
     )
     assert answer.status_code == 200, answer.text
