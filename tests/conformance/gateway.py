@@ -59,7 +59,7 @@ def adapter_url(adapter: str, var_dir: pathlib.Path) -> str:
 
 
 class GatewayServer(GunicornServer):
-    """``gunicorn -k gevent api.durable_streams_app:app`` with one worker, on a free port, as the README
+    """``gunicorn -k gevent api.durable_streams_app:app`` with one worker, on a free port, as docs/gateway.md
     runs it (gunicorn's own settings, not the API's config module)."""
 
     def __init__(self, stream_url: str, var_dir: pathlib.Path, **settings: Any) -> None:
