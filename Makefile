@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install chromium promtool node-deps conformance-deps test-conformance lint docs test test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
+.PHONY: install chromium promtool node-deps conformance-deps test-conformance lint docs test test-loaded test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
 
 install: $(STAMP)
 
@@ -96,6 +96,23 @@ test-gevent-clustered: install
 	$(GEVENT_PYTEST) tests/durable_stream/test_contract_redis_cluster.py tests/durable_stream/test_contract_nats.py \
 		tests/durable_stream/test_redis_adapter.py tests/durable_stream/test_nats_adapter.py \
 		tests/durable_stream/test_nats_faults.py tests/durable_stream/test_nats_direct_publish.py
+
+# make test beside a CPU hog keeping HOG_CORES cores busy (tools/cpu_hog.py, nothing to install), as on a
+# shared CI machine: a test that holds only on an idle machine fails here. The hog stops whatever happens;
+# LOADED_RUNS=3 runs make test three times in a row beside it, stopping at the first failure.
+HOG_CORES ?= 2
+LOADED_RUNS ?= 1
+
+test-loaded: install
+	@$(BIN)/python -m tools.cpu_hog --cores $(HOG_CORES) & hog=$$!; \
+	trap 'kill $$hog 2>/dev/null; wait $$hog 2>/dev/null' EXIT; \
+	trap 'exit 130' INT TERM; \
+	for run in $$(seq $(LOADED_RUNS)); do \
+		echo "test-loaded: run $$run of $(LOADED_RUNS), $(HOG_CORES) cores busy"; \
+		start=$$(date +%s); \
+		$(MAKE) --no-print-directory test || exit $$?; \
+		echo "test-loaded: run $$run passed in $$(( $$(date +%s) - start )) s"; \
+	done
 
 # The Durable Streams conformance suite against the gateway on each adapter (memory, SQLite, Redis,
 # PostgreSQL, NATS), each under gunicorn -k gevent on a free port; about a minute per adapter.
