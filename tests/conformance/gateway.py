@@ -28,6 +28,15 @@ HERE = pathlib.Path(__file__).resolve().parent
 ADAPTERS = ("memory", "sqlite", "redis", "postgres", "nats")
 #: Long-polls in the suite wait this long on the gateway (the suite's own timeout is 1 s more).
 LONG_POLL_SECONDS = 3
+#: gunicorn's ``--keep-alive``, as docs/gateway.md runs it: longer than Node's fetch keeps an idle
+#: connection (4 s), so the client, never the server, closes idle connections. With gunicorn's default
+#: of 2 s a request sent after a pause of about 2 s (the suite's TTL tests pause 1.5 s, longer on a busy
+#: machine) could meet a connection the server was closing, and the body of a refused (413) 10 MB append,
+#: which gunicorn reads and discards before the connection's next request, had 2 s to arrive: both
+#: "fetch failed".
+KEEP_ALIVE_SECONDS = 10
+#: The longest one vitest run may take (the suite runs its files one after another, its TTL tests pause).
+VITEST_SECONDS = 600
 
 
 @contextlib.contextmanager
@@ -80,6 +89,7 @@ class GatewayServer(GunicornServer):
             access_log=False,
             app="api.durable_streams_app:app",
             config=None,
+            extra_args=("--keep-alive", str(KEEP_ALIVE_SECONDS)),
             ready_path="/health-probe",
         )
         self.base_url = self.url
@@ -103,7 +113,7 @@ def run_vitest(
         },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        timeout=600,
+        timeout=VITEST_SECONDS,
         check=False,
     )
     report: dict[str, Any] = json.loads(output.read_text())

@@ -21,7 +21,7 @@ from api.configs import AppConfig
 from api.core.durable_stream import DurableStreamUnavailableError, connect
 from api.durable_streams_app import create_gateway_app
 from api.services import app_service
-from api.services.durable_streams_gateway import access
+from api.services.durable_streams_gateway import access, reading
 from api.services.durable_streams_gateway.errors import GatewayError
 from api.services.durable_streams_gateway.metadata import MetadataStore, StreamMeta
 from api.services.retention import enforce_retention
@@ -311,6 +311,48 @@ def test_age_retention_keeps_a_stream_in_use(adapter: str, tmp_path: pathlib.Pat
         assert client.put(path, headers=text, data="b").status_code == 201
         assert client.get(path).data == b"b"
         app.extensions["durable_stream"].close()
+
+
+@pytest.mark.parametrize("read", ["", "?offset=-1", "?offset=-1&live=long-poll"])
+def test_a_read_from_the_beginning_starts_at_whatever_retention_left(
+    read: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention runs on its own clock (on NATS the server's): the first record may go between the stream's
+    info and the read. A read from the beginning then starts at the new first record, never a 410."""
+    app = gateway_app(tmp_path, adapter_url("sqlite", tmp_path))
+    client = app.test_client()
+    backend = app.extensions["durable_stream"].backend
+    path, text = f"/trimmed/{uuid.uuid4().hex}", {"Content-Type": "text/plain"}
+    assert client.put(path, headers=text, data="a").status_code == 201
+    for letter in "bcdef":
+        assert client.post(path, headers=text, data=letter).status_code == 204
+    keep = [4]
+    opened = reading.TopicReader.open
+
+    def open_after_retention(self: reading.TopicReader, after: int, *args: Any, **kwargs: Any) -> Any:
+        backend.admin.trim_topic(f"ds:{path}", keep[0])  # retention, between the stream's info and the read
+        return opened(self, after, *args, **kwargs)
+
+    monkeypatch.setattr(reading.TopicReader, "open", open_after_retention)
+    response = client.get(path + read)
+    assert (response.status_code, response.data) == (200, b"cdef")
+
+    # An offset the client holds is another matter: behind what is retained, it is 410.
+    behind = response.headers["Stream-Next-Offset"].replace("0000000000000006_", "0000000000000001_", 1)
+    assert client.get(f"{path}?offset={behind}").status_code == 410
+    # And a stream whose first record goes every time it is read from the beginning is 410 in the end,
+    # after a bounded number of attempts.
+    attempts = []
+
+    def always_behind(self: reading.TopicReader, after: int, *args: Any, **kwargs: Any) -> Any:
+        attempts.append(after)
+        backend.admin.trim_topic(f"ds:{path}", max(1, 4 - len(attempts)))
+        return opened(self, after, *args, **kwargs)
+
+    monkeypatch.setattr(reading.TopicReader, "open", always_behind)
+    assert client.get(path + read).status_code == 410
+    assert len(attempts) == 3
+    app.extensions["durable_stream"].close()
 
 
 def test_creates_and_deletes_that_stop_half_way_leave_nothing_in_the_way(

@@ -321,8 +321,9 @@ def _read(registry: StreamRegistry, stream: Stream) -> Response:
     if live_mode == "sse":
         return _sse(registry, stream, after, cursor)
     if live_mode == "long-poll":
-        result = live.long_poll(
-            registry, stream, after, cursor, config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS, max_bytes
+        wait = config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS
+        result = live.from_the_beginning(
+            registry, stream, offset, lambda read, at: live.long_poll(registry, read, at, cursor, wait, max_bytes)
         )
     elif offset_text == "now":
         body = b"[]" if stream.json else b""
@@ -336,7 +337,13 @@ def _read(registry: StreamRegistry, stream: Stream) -> Response:
             headers["Stream-Closed"] = "true"
         result = live.ReadResult(200, body, headers)
     else:
-        result = live.catch_up(registry, stream, offset_text or "-1", after, max_bytes, _header("If-None-Match"))
+        start, if_none_match = offset_text or "-1", _header("If-None-Match")
+        result = live.from_the_beginning(
+            registry,
+            stream,
+            offset,
+            lambda read, at: live.catch_up(registry, read, start, at, max_bytes, if_none_match),
+        )
     response = Response(result.body, status=result.status)
     for key, value in result.headers.items():
         response.headers[key] = value

@@ -9,23 +9,33 @@ import math
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from api.core.app.apps.event_codec import unstamped
 
-from .errors import gone, unavailable
+from .errors import GatewayError, gone, unavailable
 from .json_mode import join_fragments
 from .offsets import BEGINNING, NOW, Offset, epoch_tag
 from .reading import Record
 from .streams import Stream, StreamRegistry
 
-__all__ = ["ReadResult", "catch_up", "long_poll", "resolve_after", "response_cursor", "sse_events"]
+__all__ = [
+    "ReadResult",
+    "catch_up",
+    "from_the_beginning",
+    "long_poll",
+    "resolve_after",
+    "response_cursor",
+    "sse_events",
+]
 
 #: Cursors (``Stream-Cursor``) count 20-second intervals from this instant, as the protocol suggests,
 #: so that CDN caches of one interval collapse identical long-polls.
 _CURSOR_EPOCH = 1728432000.0  # 2024-10-09T00:00:00Z
 _CURSOR_INTERVAL = 20
 _READ_TIMEOUT = 10.0
+#: A read from the beginning starts again this many times at most when its first record goes meanwhile.
+_BEGINNING_ATTEMPTS = 3
 _LINE_BREAKS = re.compile(r"\r\n|\r|\n")
 
 
@@ -236,3 +246,28 @@ def sse_events(
             )
             if closed and at_tail:
                 return
+
+
+def from_the_beginning(
+    registry: StreamRegistry, stream: Stream, offset: Offset, read: Callable[[Stream, int], ReadResult]
+) -> ReadResult:
+    """``read(stream, after)`` from where ``offset`` starts; a read from the beginning whose first record
+    retention removed meanwhile starts again at the new first record.
+
+    Retention keeps its own time (on NATS the server's clock, elsewhere a sweep in any process), so the
+    first record of a stream read with ``offset=-1`` may go between the stream's info and the read: the
+    client asked for whatever comes first, not for an offset behind retention, and gets no 410 for it.
+
+    Raises:
+        GatewayError: what ``read`` raises; a 410 for a read from the beginning only when its first
+            record went ``_BEGINNING_ATTEMPTS`` times in a row; 404 when the stream itself went.
+    """
+    attempt = 1
+    while True:
+        try:
+            return read(stream, resolve_after(stream, offset))
+        except GatewayError as exc:
+            if offset is not BEGINNING or exc.status != 410 or attempt >= _BEGINNING_ATTEMPTS:
+                raise
+        attempt += 1
+        stream = registry.refresh(stream)
