@@ -7,7 +7,6 @@ collide. Faults that need the server stopped or killed live in ``test_postgres_f
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import textwrap
@@ -306,18 +305,20 @@ def test_notify_wakes_a_subscription_of_another_backend_quickly(
     open_backend: Callable[..., DurableStreamBackend],
 ) -> None:
     writer = open_backend()
-    reader = open_backend(poll_interval=30)  # the fallback poll cannot be what delivers
+    poll_interval = 30.0  # the fallback poll cannot be what delivers
+    reader = open_backend(poll_interval=poll_interval)
     name = _name()
     delays = []
     with reader.topic(name).subscribe_from_tail() as subscription:
         for index in range(20):
             started = time.monotonic()
             writer.topic(name).append(str(index).encode())
-            record = drain(subscription, 1, timeout=5)[0]
+            record = drain(subscription, 1, timeout=poll_interval / 2)[0]
             delays.append(time.monotonic() - started)
             assert record.payload == str(index).encode()
-    assert statistics.median(delays) < 0.1, delays
-    assert max(delays) < 1.0, delays
+    # Each woken by its NOTIFY: well before the fallback poll could have found it (the figures of how
+    # quickly are docs/benchmarks.md's, measured on a quiet machine).
+    assert max(delays) < poll_interval / 2, delays
 
 
 @pytest.mark.parametrize("reader_listens", [True, False], ids=["hints-lost", "listen-off"])
@@ -326,19 +327,20 @@ def test_without_notifications_every_record_still_arrives(
 ) -> None:
     writer = open_backend(notify=False)
     reader = open_backend(listen=reader_listens, poll_interval=0.3)
+    reread = hooks.driver(reader).reread_interval
     name = _name()
     delays: list[float] = []
     with reader.topic(name).subscribe_from_tail() as subscription:
         for index in range(8):
             started = time.monotonic()
             writer.topic(name).append(str(index).encode())
-            assert drain(subscription, 1, timeout=5)[0].payload == str(index).encode()
+            assert drain(subscription, 1, timeout=reread / 2)[0].payload == str(index).encode()
             delays.append(time.monotonic() - started)
         writer.topic(name).seal()
-        assert subscription.receive(timeout=5) is CLOSED
-    # Delivered by the fallback poll (every 0.3 s here), not instantly and not by the core's own
-    # much slower safety-net re-read.
-    assert max(delays) < 1.5, delays
+        assert subscription.receive(timeout=reread / 2) is CLOSED
+    # Delivered by the fallback poll (every 0.3 s here), not by the core's own much slower
+    # safety-net re-read.
+    assert max(delays) < reread / 2, delays
 
 
 def test_gevent_blocked_receives_do_not_stop_other_greenlets(schema: str) -> None:
@@ -537,8 +539,8 @@ def test_enforce_retention_works_in_batches_without_stalling_appends(
     print(f"retention of {old} rows took {took:.2f}s; {len(latencies)} appends meanwhile, p99 {p99 * 1000:.1f} ms")
     assert took > 1.0, "the slowed-down deletion should take a while"
     assert len(latencies) > 50
-    assert latencies[-1] < 0.5, latencies[-5:]
-    assert p99 < 0.25, p99
+    # No append waited for the removal as a whole (one transaction would have held them all that long).
+    assert latencies[-1] < took / 2, (latencies[-5:], took)
     info = backend.admin.topic_info(name)
     assert info is not None and info.first_ordinal == old + 1 and info.length == len(appended)
     with engine.connect() as conn:

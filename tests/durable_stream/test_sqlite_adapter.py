@@ -238,7 +238,8 @@ def test_failures_after_opening_are_translated(backend: DurableStreamBackend, db
 
 
 def test_a_writer_lock_held_past_busy_timeout_is_unavailable(db: pathlib.Path) -> None:
-    with connect(_url(db), busy_timeout=0.2) as backend:
+    busy_timeout = 0.2
+    with connect(_url(db), busy_timeout=busy_timeout) as backend:
         topic = backend.topic("t")
         topic.append(b"r0")
         holder = sqlite3.connect(db, isolation_level=None)
@@ -247,7 +248,8 @@ def test_a_writer_lock_held_past_busy_timeout_is_unavailable(db: pathlib.Path) -
             started = time.monotonic()
             with pytest.raises(DurableStreamUnavailableError) as caught:
                 topic.append(b"r1")
-            assert 0.15 < time.monotonic() - started < 5
+            # It waited out the busy timeout, and then gave up instead of waiting on.
+            assert 0.75 * busy_timeout < time.monotonic() - started < 25 * busy_timeout
             _assert_translated(caught.value)
         finally:
             holder.execute("ROLLBACK")
@@ -319,9 +321,10 @@ CHILD_APPENDER = """
 """
 
 
-def test_another_process_appends_are_delivered_in_order_within_250ms(db: pathlib.Path) -> None:
+def test_another_process_appends_are_delivered_in_order_by_the_poller(db: pathlib.Path) -> None:
     count = 60
     with connect(_url(db)) as backend:
+        reread = hooks.sqlite_driver(backend).reread_interval
         name = f"cross-{uuid.uuid4().hex}"
         with backend.topic(name).subscribe_from_tail() as subscription:
             child = _python(CHILD_APPENDER, _url(db), name, str(count))
@@ -337,13 +340,15 @@ def test_another_process_appends_are_delivered_in_order_within_250ms(db: pathlib
     returned = {int(index): float(at) for index, at in (line.split() for line in output.splitlines()[1:])}
     assert [int(payload.split()[0]) for payload, _ in received] == list(range(count))
     lags = [seen_at - returned[index] for index, (_, seen_at) in enumerate(received)]
-    assert max(lags) < 0.25, f"slowest delivery took {max(lags):.3f}s after the append returned"
+    # Each found by the poller (every 0.05 s), none left to the subscription's last-resort re-read.
+    assert max(lags) < reread / 2, f"slowest delivery took {max(lags):.3f}s after the append returned"
 
 
 def test_changes_through_another_connection_wake_subscriptions_before_the_fallback_poll(db: pathlib.Path) -> None:
     # Two backend objects in one process share nothing but the file: only the poller can tell
     # the first one's subscriptions about the second one's writes.
     with connect(_url(db)) as watcher, connect(_url(db)) as writer:
+        reread = hooks.sqlite_driver(watcher).reread_interval
         topic = watcher.topic("t")
         topic.append(b"r0")
         with topic.subscribe_from_beginning() as sealed_one, topic.subscribe_from_beginning() as deleted_one:
@@ -352,15 +357,15 @@ def test_changes_through_another_connection_wake_subscriptions_before_the_fallba
             assert sealed_one.receive(timeout=0.2) is None
             writer.topic("t").seal()
             started = time.monotonic()
-            assert sealed_one.receive(timeout=5.0) is CLOSED
-            assert time.monotonic() - started < 0.5
+            assert sealed_one.receive(timeout=reread / 2) is CLOSED
+            assert time.monotonic() - started < reread / 2
 
             writer.admin.delete_topic("t")
             started = time.monotonic()
             with pytest.raises(CursorUnavailableError):
-                while deleted_one.receive(timeout=5.0) is not CLOSED:
+                while deleted_one.receive(timeout=reread / 2) is not CLOSED:
                     pass
-            assert time.monotonic() - started < 0.5
+            assert time.monotonic() - started < reread / 2
 
 
 def _poller_threads() -> list[threading.Thread]:
@@ -411,7 +416,7 @@ def test_close_stops_the_poller_without_waiting_out_its_period(db: pathlib.Path)
     wait_until(lambda: feed.polls >= 1, timeout=5, what="a first poll")
     started = time.monotonic()
     backend.close()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 30 / 2
     assert not feed.thread.is_alive()
     assert subscription.receive(timeout=0) is CLOSED
     backend.close()
