@@ -59,7 +59,9 @@ def adapter_url(adapter: str, var_dir: pathlib.Path) -> str:
     if adapter == "sqlite":
         return f"sqlite:///{var_dir / 'streams.db'}"
     if adapter == "redis":
-        return redis_url(db=7)
+        # A key prefix of its own, as PostgreSQL gets a schema: a retention sweep scans this test's keys
+        # only, not everything earlier runs left in the shared server.
+        return redis_url(7, f"key_prefix=gw-{uuid.uuid4().hex[:10]}:")
     if adapter == "postgres":
         return postgres_dsn("postgresql", f"schema=gw_{uuid.uuid4().hex[:10]}")
     if adapter == "nats":
