@@ -70,20 +70,20 @@ docs: install
 
 # The whole suite in plain threads (tests/browser in a real headless Chromium), then the durable-stream
 # and broadcast contracts and the Redis and NATS adapters' own tests (their shared readers differ between
-# threads and gevent) again under gevent. Most tests wait on the servers they start, not on the CPU: the
-# threaded suite runs its files in XDIST_WORKERS processes (pytest-xdist, a file at a time, so module
-# fixtures stay shared). The gevent run comes after it, not beside it: its tests that time the hub
+# threads and gevent) again under gevent; the soak-like cases (-m soak) are make bench's. Most tests wait
+# on the servers they start, not on the CPU: the threaded suite runs its files in XDIST_WORKERS processes
+# (pytest-xdist, a file at a time, so module fixtures stay shared). The gevent run comes after it, not beside it: its tests that time the hub
 # (ticks, blocked greenlets) must not share two cores with three other test processes.
 XDIST_WORKERS ?= 3
 
 test: lint chromium promtool test-threads test-gevent
 
 test-threads: install chromium node-deps conformance-deps
-	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile
+	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile -m "not soak"
 
 # Two gevent-patched pytest processes side by side (the contracts of the stores on this machine's shared
 # servers; the clustered and NATS stores and the adapters' own tests), each printed whole when it ends.
-GEVENT_PYTEST := EXPECT_GEVENT=1 $(BIN)/python -m gevent.monkey --module pytest -p no:cacheprovider
+GEVENT_PYTEST := EXPECT_GEVENT=1 $(BIN)/python -m gevent.monkey --module pytest -p no:cacheprovider -m "not soak"
 
 test-gevent: install
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-gevent-local test-gevent-clustered
@@ -119,7 +119,9 @@ test-loaded: install
 test-conformance: install conformance-deps
 	$(BIN)/python -m tests.conformance.gateway
 
+# The benchmarks, and the tests too soak-like for make test (pytest -m soak: bulk appends measuring memory).
 bench: install
+	$(BIN)/pytest tests -m soak -n $(XDIST_WORKERS) --dist loadfile -p no:cacheprovider
 	$(BIN)/python -m bench.redis
 	$(BIN)/python -m bench.postgres
 	$(BIN)/python -m bench.nats
