@@ -178,6 +178,14 @@ class AppConfig(BaseSettings):
         "more are answered 503 server_busy with a Retry-After that gives each refused client its own turn, so "
         "they come back at this rate. 0: no limit.",
     )
+    SSE_MAX_STREAMS: int = Field(
+        default=0,
+        ge=0,
+        description="Event streams one API process holds open at once; more are answered 503 server_busy with a "
+        "Retry-After of SSE_BUSY_RETRY_AFTER_MAX to 30 s. 0 (the default): under gunicorn, 95% of the connections "
+        "one worker accepts (WEB_WORKER_CONNECTIONS) or of its open-file limit, whichever is lower, so that a full "
+        "worker still answers the rest; elsewhere no limit.",
+    )
     SSE_MAX_STARTING: int = Field(
         default=0,
         ge=0,

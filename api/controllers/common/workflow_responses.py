@@ -71,8 +71,13 @@ def admitted_stream(view: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(view)
     def decorated(*args: Any, **kwargs: Any) -> Any:
-        with current_runtime().admission.start():
-            return view(*args, **kwargs)
+        admission = current_runtime().admission
+        with admission.start():
+            response = view(*args, **kwargs)
+        if isinstance(response, Response) and response.is_streamed:
+            # Counted as open until the server closes the body (the stream ended, or its client left).
+            response.response = admission.holding(response.response)
+        return response
 
     return decorated
 

@@ -114,6 +114,7 @@ class DeliveryRuntime:
             max_lag=config.SSE_MAX_LOOP_LAG,
             retry_after_max=config.SSE_BUSY_RETRY_AFTER_MAX,
             max_rate=config.SSE_MAX_ARRIVAL_RATE,
+            max_streams=config.SSE_MAX_STREAMS,
         )
 
     def find_run(self, app: App, run_or_task_id: str, user: str) -> tuple[WorkflowRun, bool]:
