@@ -153,8 +153,6 @@ class DeliveryRuntime:
                 except BaseException:
                     arrival.cancel()
                     raise
-            elif not request.recalled:
-                self.writers.cards.remember(arrival.writer.key, run)
             metrics.ARRIVALS.tally.add(("shared",))
             events = None
         else:
@@ -193,6 +191,10 @@ class DeliveryRuntime:
             return None
         epoch = None if request.new_run else request.run.stream_epoch
         key = (ids.topic, request.framer.binding)
+        if not request.new_run and not request.recalled:
+            # Before arriving (which may wait for a new writer to read its run): the clients arriving
+            # meanwhile use this row instead of reading it each.
+            self.writers.cards.remember(key, request.run)
         return self.writers.arrive(key, ids, request.framer, request.start, epoch=epoch)
 
     @property

@@ -352,8 +352,10 @@ class SharedWriters:
         self.cards = RunCards(self._delivering)
 
     def _delivering(self, key: tuple[str, bytes]) -> bool:
+        # Loaded or still loading: while a new writer reads its run, the arrivals that wait for it must
+        # not each read the run's row (in a herd those reads kept the loop too busy for it to load).
         writer = self._writers.get(key)
-        return writer is not None and writer.alive and writer.loaded.is_set() and not self.watcher.draining
+        return writer is not None and writer.alive and not self.watcher.draining
 
     def join(self, key: tuple[str, bytes], client: Follower, cursor: TopicCursor, ids: RunIds, framer: Framer) -> bool:
         """Have the topic's writer serve ``client`` after ``cursor``, if it can continue there exactly.
