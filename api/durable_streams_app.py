@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from flask import Flask
 
-from api.configs import AppConfig
+from api.configs import AppConfig, ConfigurationError, checks, load_config
 
 
 def create_gateway_app(config: AppConfig | None = None) -> Flask:
-    config = config or AppConfig()
+    """Raises:
+    ConfigurationError: ``config`` cannot serve the gateway, or its database cannot be reached."""
+    config = config or load_config()
+    found = checks.problems(config, needs_broker=False)
+    if found:
+        raise ConfigurationError("\n".join(found))
     app = Flask("durable_streams_gateway")
     app.config["SECRET_KEY"] = config.SECRET_KEY
     app.config["APP_CONFIG"] = config
@@ -27,14 +32,20 @@ def create_gateway_app(config: AppConfig | None = None) -> Flask:
     return app
 
 
-def _serving_app() -> Flask:
+def _build(config: AppConfig) -> Flask:
     from api.extensions import ext_logging, ext_metrics
 
-    app = create_gateway_app()
-    ext_logging.init_app(app, app.config["APP_CONFIG"])
-    ext_metrics.require_serving(app.config["APP_CONFIG"])
-    ext_metrics.start(app.config["APP_CONFIG"], "api")
+    app = create_gateway_app(config)
+    ext_logging.init_app(app, config)
+    ext_metrics.require_serving(config)
+    ext_metrics.start(config, "api")
     return app
+
+
+def _serving_app() -> Flask:
+    from api.startup import serving_app
+
+    return serving_app("gateway", _build)
 
 
 app = _serving_app()

@@ -1,0 +1,123 @@
+"""What a process refuses to start with, each as one line naming the setting(s) to fix.
+
+- Settings that cannot be resolved or that disagree (:mod:`api.configs.resolve`).
+- Outside ``DEPLOY_ENV=DEVELOPMENT``: the built-in ``SECRET_KEY``, Dify's published example key, or a
+  key shorter than 32 bytes (anyone could forge passports and resume tokens with them).
+- A setting that starts with one of this service's own prefixes but is not one of its settings (a
+  typo would otherwise be ignored silently): the message says which setting was probably meant.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import pathlib
+from collections.abc import Iterable, Mapping
+
+from dotenv import dotenv_values
+
+from . import resolve
+from .model import Settings
+from .redis_target import ConfigurationError
+from .service import DEVELOPMENT_SECRET_KEY
+
+__all__ = ["OWN_PREFIXES", "known_names", "problems", "secret_key_problem", "unknown_setting_problems"]
+
+#: Prefixes only this service uses (none of Dify's settings starts with one): an unknown name with one
+#: of them is a typo. Shared prefixes (REDIS_, DB_, CELERY_, WORKFLOW_, APP_, …) cannot be checked: a
+#: Dify ``.env`` holds hundreds of settings this service has no use for.
+OWN_PREFIXES = (
+    "DURABLE_STREAM",
+    "SSE_",
+    "RESUME_TOKEN",
+    "BROADCAST_CHANNEL",
+    "WORKFLOW_EVENT_",
+    "BEAT_",
+    "METRICS_",
+    "API_METRICS",
+    "API_REAPER",
+    "WORKER_METRICS",
+    "WEB_WORKER_",
+    "DEMO_PAGE",
+    "LIMIT_",
+    "CREDENTIAL_",
+)
+#: Dify's published example SECRET_KEY (docker/.env.example): as public as the built-in one.
+DIFY_EXAMPLE_SECRET_KEY = "sk-9f73s3ljTXVcMT3Blb3ljTqtsKiGHXVcMT3BlbkFJLK7U"
+MIN_SECRET_KEY_BYTES = 32
+
+
+def known_names() -> set[str]:
+    """Every name a setting is read under: field names and their aliases."""
+    names: set[str] = set()
+    for name, field in Settings.model_fields.items():
+        names.add(name)
+        alias = field.validation_alias
+        choices = getattr(alias, "choices", None)
+        if choices is not None:
+            names.update(choice for choice in choices if isinstance(choice, str))
+        elif isinstance(alias, str):
+            names.add(alias)
+    return names
+
+
+def unknown_setting_problems(names: Iterable[str]) -> list[str]:
+    known = known_names()
+    found = []
+    for name in sorted(set(names)):
+        if name in known or not name.startswith(OWN_PREFIXES):
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else "; docs/configuration.md lists every setting"
+        found.append(f"unknown setting {name}{hint}")
+    return found
+
+
+def given_names(environ: Mapping[str, str] | None = None, env_file: str | pathlib.Path = ".env") -> set[str]:
+    """The names set in the environment and in the ``.env`` file the settings read."""
+    names = set(os.environ if environ is None else environ)
+    path = pathlib.Path(env_file)
+    if path.is_file():
+        names.update(dotenv_values(path))
+    return names
+
+
+def secret_key_problem(config: Settings) -> str | None:
+    if config.development:
+        return None
+    hint = "set SECRET_KEY to a random value of at least 32 bytes (e.g. openssl rand -base64 42)"
+    if config.SECRET_KEY == DEVELOPMENT_SECRET_KEY:
+        return f"SECRET_KEY is the built-in development key, with which anyone can forge passports: {hint}"
+    if config.SECRET_KEY == DIFY_EXAMPLE_SECRET_KEY:
+        return f"SECRET_KEY is Dify's published example key, with which anyone can forge passports: {hint}"
+    size = len(config.SECRET_KEY.encode())
+    if size < MIN_SECRET_KEY_BYTES:
+        return f"SECRET_KEY is {size} bytes long: {hint}"
+    return None
+
+
+def problems(config: Settings, names: Iterable[str] = (), *, needs_broker: bool = True) -> list[str]:
+    """Every reason ``config`` cannot serve (empty: it can); ``names`` are the settings given, for typos.
+    A process that queues no task (the gateway on its own) ``needs_broker`` not.
+
+    Reachability is not checked here (``api.startup`` does that, once the settings are sound).
+    """
+    found = unknown_setting_problems(names)
+    checks = [resolve.database, resolve.stream_store, resolve.main_redis, resolve.event_bus_redis]
+    if needs_broker:
+        checks.append(resolve.broker)
+    for check in checks:
+        try:
+            check(config)
+        except ConfigurationError as exc:
+            if str(exc) not in found:
+                found.append(str(exc))
+    if config.WORKFLOW_EVENT_TRANSPORT == "broadcast_channel" and not found and resolve.event_bus_redis(config) is None:
+        found.append(
+            "WORKFLOW_EVENT_TRANSPORT=broadcast_channel needs a Redis: set EVENT_BUS_REDIS_URL, REDIS_URL or "
+            "Dify's REDIS_HOST"
+        )
+    secret = secret_key_problem(config)
+    if secret is not None:
+        found.append(secret)
+    return found
