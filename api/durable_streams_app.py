@@ -16,7 +16,7 @@ def create_gateway_app(config: AppConfig | None = None) -> Flask:
     """Raises:
     ConfigurationError: ``config`` cannot serve the gateway, or its database cannot be reached."""
     config = config or load_config()
-    found = checks.problems(config, needs_broker=False)
+    found = checks.problems(config, gateway=True)
     if found:
         raise ConfigurationError("\n".join(found))
     app = Flask("durable_streams_gateway")
@@ -42,10 +42,16 @@ def _build(config: AppConfig) -> Flask:
     return app
 
 
-def _serving_app() -> Flask:
-    from api.startup import serving_app
-
-    return serving_app("gateway", _build)
+_served: list[Flask] = []
 
 
-app = _serving_app()
+def __getattr__(name: str) -> Flask:
+    """``app`` is built on first use (``gunicorn api.durable_streams_app:app``), not on import: importing
+    :func:`create_gateway_app` must not build, or refuse, an app from the environment."""
+    if name != "app":
+        raise AttributeError(name)
+    if not _served:
+        from api.startup import serving_app
+
+        _served.append(serving_app("gateway", _build))
+    return _served[0]

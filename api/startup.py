@@ -30,8 +30,8 @@ GUNICORN_WORKER_BOOT_ERROR = 3
 
 
 def problems_of(config: AppConfig, role: Role) -> list[str]:
-    """Why ``config`` cannot serve ``role`` (the gateway queues no task: it needs no broker)."""
-    return config_checks.problems(config, config_checks.given_names(), needs_broker=role != "gateway")
+    """Why ``config`` cannot serve ``role``."""
+    return config_checks.problems(config, config_checks.given_names(), gateway=role == "gateway")
 
 
 def refuse(problems: list[str] | str) -> NoReturn:

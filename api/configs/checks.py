@@ -96,15 +96,15 @@ def secret_key_problem(config: Settings) -> str | None:
     return None
 
 
-def problems(config: Settings, names: Iterable[str] = (), *, needs_broker: bool = True) -> list[str]:
+def problems(config: Settings, names: Iterable[str] = (), *, gateway: bool = False) -> list[str]:
     """Every reason ``config`` cannot serve (empty: it can); ``names`` are the settings given, for typos.
-    A process that queues no task (the gateway on its own) ``needs_broker`` not.
+    The ``gateway`` on its own queues no task and signs nothing: it needs no broker and no ``SECRET_KEY``.
 
     Reachability is not checked here (``api.startup`` does that, once the settings are sound).
     """
     found = unknown_setting_problems(names)
     checks = [resolve.database, resolve.stream_store, resolve.main_redis, resolve.event_bus_redis]
-    if needs_broker:
+    if not gateway:
         checks.append(resolve.broker)
     for check in checks:
         try:
@@ -117,7 +117,7 @@ def problems(config: Settings, names: Iterable[str] = (), *, needs_broker: bool 
             "WORKFLOW_EVENT_TRANSPORT=broadcast_channel needs a Redis: set EVENT_BUS_REDIS_URL, REDIS_URL or "
             "Dify's REDIS_HOST"
         )
-    secret = secret_key_problem(config)
+    secret = None if gateway else secret_key_problem(config)
     if secret is not None:
         found.append(secret)
     return found

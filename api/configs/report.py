@@ -24,10 +24,13 @@ def _names_of(config: Settings, name: str) -> list[str]:
 
 def _source(config: Settings, name: str, environ: Mapping[str, str], dotenv: Mapping[str, str | None]) -> str:
     for alias in _names_of(config, name):
+        as_alias = "" if alias == name else f", as {alias}"
+        # The environment wins over the file; the flask command loads the file into the environment too
+        # (without overriding), so a value equal to the file's came from the file.
+        if dotenv.get(alias) and environ.get(alias, dotenv[alias]) == dotenv[alias]:
+            return ".env" + as_alias
         if environ.get(alias):
-            return "environment" if alias == name else f"environment, as {alias}"
-        if dotenv.get(alias):
-            return ".env" if alias == name else f".env, as {alias}"
+            return "environment" + as_alias
     return "set by the caller" if config.given(name) else "default"
 
 
