@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from .human_input import HumanInputForm, HumanInputFormStatus, IdempotencyKey
-from .model import App
+from .model import App, CredentialRevision
 from .row_copy import RowCopy
 from .workflow import WorkflowRun, WorkflowRunStatus
 
 __all__ = [
     "App",
+    "CredentialRevision",
     "HumanInputForm",
     "HumanInputFormStatus",
     "IdempotencyKey",

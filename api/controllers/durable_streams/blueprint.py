@@ -17,6 +17,8 @@ from api.configs import AppConfig
 from api.core.durable_stream import CursorUnavailableError, DurableStreamError
 from api.extensions.ext_durable_stream import durable_stream, retention_max_age
 from api.libs import metrics
+from api.services import credentials
+from api.services.credentials import Credential
 from api.services.durable_streams_gateway import access, creating, live, writing
 from api.services.durable_streams_gateway.creating import CreateRequest
 from api.services.durable_streams_gateway.errors import GatewayError, bad_request, unavailable
@@ -132,7 +134,14 @@ def _dispatch(method: str, path: str) -> Response:
         # An access that keeps the metadata young under age retention, but does not slide a TTL.
         registry.touch(stream, slide=False)
         return _head(stream)
-    return _read(registry, stream)
+    return _read(registry, stream, _validity(target.credential))
+
+
+def _validity(credential: Credential | None) -> live.Validity:
+    """What a live reader asks while it waits: is the API key that opened it still accepted?"""
+    if credential is None:
+        return None
+    return lambda: credentials.still_valid(credential)
 
 
 def _body() -> bytes:
@@ -297,7 +306,7 @@ def _head(stream: Stream) -> Response:
     return response
 
 
-def _read(registry: StreamRegistry, stream: Stream) -> Response:
+def _read(registry: StreamRegistry, stream: Stream, still_valid: live.Validity) -> Response:
     config = _config()
     offsets = request.args.getlist("offset")
     if len(offsets) > 1:
@@ -319,10 +328,17 @@ def _read(registry: StreamRegistry, stream: Stream) -> Response:
     cursor = request.args.get("cursor")
     max_bytes = config.DURABLE_STREAMS_GATEWAY_MAX_READ_BYTES
     if live_mode == "sse":
-        return _sse(registry, stream, after, cursor)
+        return _sse(registry, stream, after, cursor, still_valid)
     if live_mode == "long-poll":
         result = live.long_poll(
-            registry, stream, after, cursor, config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS, max_bytes
+            registry,
+            stream,
+            after,
+            cursor,
+            config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS,
+            max_bytes,
+            still_valid=still_valid,
+            check_every=config.CREDENTIAL_CHECK_INTERVAL,
         )
     elif offset_text == "now":
         body = b"[]" if stream.json else b""
@@ -345,7 +361,9 @@ def _read(registry: StreamRegistry, stream: Stream) -> Response:
     return response
 
 
-def _sse(registry: StreamRegistry, stream: Stream, after: int, cursor: str | None) -> Response:
+def _sse(
+    registry: StreamRegistry, stream: Stream, after: int, cursor: str | None, still_valid: live.Validity
+) -> Response:
     config = _config()
     kind = media_type(stream.content_type)
     binary = not (kind.startswith("text/") or kind == "application/json")
@@ -357,6 +375,8 @@ def _sse(registry: StreamRegistry, stream: Stream, after: int, cursor: str | Non
         binary=binary,
         keepalive=config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS,
         max_duration=config.DURABLE_STREAMS_GATEWAY_SSE_MAX_SECONDS,
+        still_valid=still_valid,
+        check_every=config.CREDENTIAL_CHECK_INTERVAL,
     )
 
     def guarded() -> Iterator[bytes]:
