@@ -21,6 +21,11 @@ def create_app(config: AppConfig | None = None) -> Flask:
     app = Flask("api")
     app.config["SECRET_KEY"] = config.SECRET_KEY
     app.config["APP_CONFIG"] = config
+    if config.RESPECT_XFORWARD_HEADERS_ENABLED:
+        # Dify's setting: one proxy in front, whose view of the client (its address above all) is the truth.
+        from werkzeug.middleware.proxy_fix import ProxyFix
+
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=1, x_proto=1, x_host=1, x_port=1)  # type: ignore[method-assign]
 
     from api.extensions import (
         ext_celery,

@@ -59,9 +59,18 @@ def _create_schema() -> None:
     try:
         db.create_all()
         _add_missing_columns(db.engine)
+        _add_missing_indexes(db.engine)
     except (OperationalError, ProgrammingError):  # another process did the same at the same moment
         db.create_all()
         _add_missing_columns(db.engine)
+        _add_missing_indexes(db.engine)
+
+
+def _add_missing_indexes(engine: Engine) -> None:
+    """Indexes added to a table after it was created (``create_all`` makes them only with new tables)."""
+    for table in db.metadata.sorted_tables:
+        for index in table.indexes:
+            index.create(engine, checkfirst=True)
 
 
 def _add_missing_columns(engine: Engine) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .human_input import HumanInputForm, HumanInputFormStatus, IdempotencyKey
+from .limits import LimitCounter, LimitEvent, LimitSlot
 from .model import App, CredentialRevision
 from .row_copy import RowCopy
 from .workflow import WorkflowRun, WorkflowRunStatus
@@ -13,6 +14,9 @@ __all__ = [
     "HumanInputForm",
     "HumanInputFormStatus",
     "IdempotencyKey",
+    "LimitCounter",
+    "LimitEvent",
+    "LimitSlot",
     "RowCopy",
     "WorkflowRun",
     "WorkflowRunStatus",

@@ -30,7 +30,7 @@ from api.libs.errors import (
 from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
-from . import run_recovery, task_queue
+from . import limits, run_recovery, task_queue
 from .validation import could_be_our_id, require_user
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,12 @@ def parse_run_request(app: App, payload: Any) -> tuple[dict[str, Any], str, str]
 
 
 def new_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
-    """A run row, added to the session but not committed."""
+    """A run row, added to the session but not committed.
+
+    Raises:
+        TooManyRequestsError: (429) the app has ``APP_MAX_ACTIVE_REQUESTS`` runs active (``limits``).
+    """
+    limits.check_active_runs(app)
     run = WorkflowRun(
         app_id=app.id,
         end_user=user,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import re
@@ -17,7 +18,8 @@ from api.configs import AppConfig
 from api.core.durable_stream import CursorUnavailableError, DurableStreamError
 from api.extensions.ext_durable_stream import durable_stream, retention_max_age
 from api.libs import metrics
-from api.services import credentials
+from api.libs.errors import TooManyRequestsError
+from api.services import credentials, limits
 from api.services.credentials import Credential
 from api.services.durable_streams_gateway import access, creating, live, writing
 from api.services.durable_streams_gateway.creating import CreateRequest
@@ -123,9 +125,9 @@ def _dispatch(method: str, path: str) -> Response:
     )
     registry = _registry()
     if method == "PUT":
-        return _create(registry, path)
+        return _create(registry, path, target.credential)
     if method == "POST":
-        return _append(registry, path)
+        return _append(registry, path, target.credential)
     if method == "DELETE":
         registry.delete(path)
         return Response(status=204)
@@ -144,21 +146,37 @@ def _validity(credential: Credential | None) -> live.Validity:
     return lambda: credentials.still_valid(credential)
 
 
-def _body() -> bytes:
+def _body(credential: Credential | None = None) -> bytes:
+    """The request's body, counted against its key's bytes a minute (429 beyond, before it is stored)."""
     limit = _config().DURABLE_STREAMS_GATEWAY_MAX_APPEND_BYTES
     if request.content_length is not None and request.content_length > limit:
         raise GatewayError(413, f"the body is larger than {limit} bytes")
     body = request.stream.read(limit + 1)
     if len(body) > limit:
         raise GatewayError(413, f"the body is larger than {limit} bytes")
+    if credential is not None:
+        with _limited():
+            limits.check_gateway_bytes(credential.app_id, len(body))
     return body
+
+
+@contextlib.contextmanager
+def _limited() -> Iterator[None]:
+    """A per-key limit's refusal as the protocol answers it: 429 with Retry-After."""
+    try:
+        yield
+    except TooManyRequestsError as exc:
+        raise GatewayError(429, f"{exc.code}: {exc.message}", {"Retry-After": str(exc.retry_after)}) from exc
 
 
 def _header(name: str) -> str | None:
     return request.headers.get(name)
 
 
-def _create(registry: StreamRegistry, path: str) -> Response:
+def _create(registry: StreamRegistry, path: str, credential: Credential | None) -> Response:
+    if credential is not None:
+        with _limited():
+            limits.check_gateway_create(credential.app_id)
     forked_from = _header("Stream-Forked-From")
     content_type = _header("Content-Type")
     if not content_type or not _CONTENT_TYPE.fullmatch(media_type(content_type)):
@@ -203,7 +221,7 @@ def _create(registry: StreamRegistry, path: str) -> Response:
             expires_at=expires_text,
             expires_at_epoch=expires_epoch,
             closed=_header("Stream-Closed") == "true",
-            body=_body(),
+            body=_body(credential),
             forked_from=forked_from,
             fork_offset=fork_offset,
             fork_sub_offset=sub,
@@ -259,7 +277,7 @@ def _parse_timestamp(text: str) -> float:
         raise bad_request("invalid Stream-Expires-At") from exc
 
 
-def _append(registry: StreamRegistry, path: str) -> Response:
+def _append(registry: StreamRegistry, path: str, credential: Credential | None) -> Response:
     ids = (_header("Producer-Id"), _header("Producer-Epoch"), _header("Producer-Seq"))
     producer = None
     if any(value is not None for value in ids):
@@ -278,7 +296,7 @@ def _append(registry: StreamRegistry, path: str) -> Response:
         registry,
         path,
         writing.AppendRequest(
-            body=_body(),
+            body=_body(credential),
             content_type=_header("Content-Type"),
             seq=stream_seq,
             producer=producer,

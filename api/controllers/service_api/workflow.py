@@ -11,6 +11,7 @@ from api.controllers.common.workflow_responses import admitted_stream, run_event
 from api.libs.errors import InvalidParamError
 from api.models import App
 from api.services import human_input_service as forms
+from api.services import limits
 from api.services import workflow_run_service as runs
 from api.services.validation import require_user
 
@@ -28,7 +29,9 @@ def _json_body() -> Any:
 class WorkflowRunApi(Resource):  # type: ignore[misc]
     @validate_app_token
     def post(self, app_model: App) -> Any:
-        return start_run(app_model, _json_body())
+        body = _json_body()
+        limits.check_run_start(app_model)
+        return start_run(app_model, body)
 
 
 class WorkflowRunDetailApi(Resource):  # type: ignore[misc]
@@ -82,7 +85,8 @@ class WorkflowEventsApi(Resource):  # type: ignore[misc]
         user = request.args.get("user")
         if not user:
             raise InvalidParamError("the 'user' query parameter is required")
-        return run_events(app_model, task_id, user)
+        with limits.counting_resume_refusals(app_model):
+            return run_events(app_model, task_id, user)
 
 
 api.add_resource(WorkflowRunApi, "/workflows/run")

@@ -21,6 +21,7 @@ from sqlalchemy import select
 from api.libs.errors import NotFoundError, UnauthorizedError
 from api.models import App
 from api.models.engine import db
+from api.services import limits
 from api.services.credentials import Credential, passport_claims, passport_current
 from api.services.validation import MAX_SITE_CODE_LENGTH, could_be_credential, could_be_passport
 
@@ -36,6 +37,7 @@ def _serializer() -> URLSafeTimedSerializer:
 class PassportApi(Resource):  # type: ignore[misc]
     def get(self) -> Any:
         code = request.headers.get("X-App-Code") or ""
+        limits.check_passport(request.remote_addr or "unknown")
         app = None
         if could_be_credential(code, MAX_SITE_CODE_LENGTH):
             app = db.session.execute(select(App).where(App.site_code == code)).scalar_one_or_none()
