@@ -112,11 +112,18 @@ def problems(config: Settings, names: Iterable[str] = (), *, gateway: bool = Fal
         except ConfigurationError as exc:
             if str(exc) not in found:
                 found.append(str(exc))
-    if config.WORKFLOW_EVENT_TRANSPORT == "broadcast_channel" and not found and resolve.event_bus_redis(config) is None:
-        found.append(
-            "WORKFLOW_EVENT_TRANSPORT=broadcast_channel needs a Redis: set EVENT_BUS_REDIS_URL, REDIS_URL or "
-            "Dify's REDIS_HOST"
-        )
+    if config.WORKFLOW_EVENT_TRANSPORT == "broadcast_channel" and not found:
+        bus = resolve.event_bus_redis(config)
+        if bus is None:
+            found.append(
+                "WORKFLOW_EVENT_TRANSPORT=broadcast_channel needs a Redis: set EVENT_BUS_REDIS_URL, REDIS_URL or "
+                "Dify's REDIS_HOST"
+            )
+        elif bus[0].mode == "cluster" and config.BROADCAST_CHANNEL_TYPE != "pubsub":
+            found.append(
+                f"EVENT_BUS_REDIS_CHANNEL_TYPE={config.BROADCAST_CHANNEL_TYPE} on a Redis Cluster ({bus[1]}) is not "
+                "served by this broadcast channel yet: use pubsub there, or a standalone or Sentinel Redis"
+            )
     secret = None if gateway else secret_key_problem(config)
     if secret is not None:
         found.append(secret)

@@ -93,6 +93,15 @@ def test_tls_parts_carry_difys_certificate_options() -> None:
         ),
         ({"REDIS_URL": "redis://r:6379/0", "REDIS_DB": 3}, "REDIS_URL (redis://r:6379/0) and REDIS_DB=3 disagree"),
         (
+            {
+                "WORKFLOW_EVENT_TRANSPORT": "broadcast_channel",
+                "EVENT_BUS_REDIS_URL": "redis://n1:7000,n2:7001",
+                "EVENT_BUS_REDIS_USE_CLUSTERS": True,
+                "EVENT_BUS_REDIS_CHANNEL_TYPE": "sharded",
+            },
+            "EVENT_BUS_REDIS_CHANNEL_TYPE=sharded on a Redis Cluster (EVENT_BUS_REDIS_URL) is not served",
+        ),
+        (
             {"REDIS_URL": "redis://:x@r:6379/0", "REDIS_PASSWORD": "y"},
             "REDIS_URL (redis://:***@r:6379/0) and REDIS_PASSWORD=*** disagree",
         ),

@@ -269,6 +269,12 @@ def test_a_run_reaches_a_redis_cluster(tmp_path: pathlib.Path) -> None:
             stored = [redis.Redis(port=server.port).keys(f"*{run_id}*") for server in cluster.servers]
             assert sum(len(keys) for keys in stored) >= 2, "the run's stream and metadata live in the cluster"
             assert sum(1 for keys in stored if keys) == 1, "in one slot, on one node"
+        # The broadcast channel (Dify's event bus) on the same cluster, with Dify's default pubsub type.
+        env = env_of(path, tmp_path) | {"WORKFLOW_EVENT_TRANSPORT": "broadcast_channel"}
+        with served(env, tmp_path / "broadcast-worker.log") as harness:
+            key = harness.create_app("greeting")["api_key"]
+            _, events = streamed_run(harness, key)
+            assert_succeeded(events)
 
 
 def test_no_dify_setting_is_taken_for_a_typo_of_ours(tmp_path: pathlib.Path) -> None:
