@@ -21,7 +21,15 @@ from .model import Settings
 from .redis_target import ConfigurationError
 from .service import DEVELOPMENT_SECRET_KEY
 
-__all__ = ["OWN_PREFIXES", "known_names", "problems", "secret_key_problem", "unknown_setting_problems"]
+__all__ = [
+    "OWN_PREFIXES",
+    "alias_problems",
+    "given_names",
+    "known_names",
+    "problems",
+    "secret_key_problem",
+    "unknown_setting_problems",
+]
 
 #: Prefixes only this service uses (none of Dify's settings starts with one): an unknown name with one
 #: of them is a typo. Shared prefixes (REDIS_, DB_, CELERY_, WORKFLOW_, APP_, …) cannot be checked: a
@@ -73,13 +81,28 @@ def unknown_setting_problems(names: Iterable[str]) -> list[str]:
     return found
 
 
-def given_names(environ: Mapping[str, str] | None = None, env_file: str | pathlib.Path = ".env") -> set[str]:
-    """The names set in the environment and in the ``.env`` file the settings read."""
-    names = set(os.environ if environ is None else environ)
+def given_names(environ: Mapping[str, str] | None = None, env_file: str | pathlib.Path = ".env") -> dict[str, str]:
+    """The settings set in the environment and in the ``.env`` file the settings read, by name (the
+    environment's value where both set one, as the settings themselves take it)."""
+    given: dict[str, str] = {}
     path = pathlib.Path(env_file)
     if path.is_file():
-        names.update(dotenv_values(path))
-    return names
+        given.update({name: value for name, value in dotenv_values(path).items() if value})
+    given.update({name: value for name, value in (os.environ if environ is None else environ).items() if value})
+    return given
+
+
+def alias_problems(given: Mapping[str, str]) -> list[str]:
+    """Two names of one setting (``BROADCAST_CHANNEL_TYPE`` and Dify's ``EVENT_BUS_REDIS_CHANNEL_TYPE``, say)
+    set to different values: only one would be read, silently."""
+    found = []
+    for field in Settings.model_fields.values():
+        choices = [name for name in getattr(field.validation_alias, "choices", None) or () if isinstance(name, str)]
+        set_here = [(name, given[name]) for name in choices if name in given]
+        if len({value.strip().lower() for _, value in set_here}) > 1:
+            (first, one), (second, other) = set_here[0], set_here[1]
+            found.append(f"{first}={one} and {second}={other} name the same setting and disagree: set one of them")
+    return found
 
 
 def secret_key_problem(config: Settings) -> str | None:
@@ -96,13 +119,16 @@ def secret_key_problem(config: Settings) -> str | None:
     return None
 
 
-def problems(config: Settings, names: Iterable[str] = (), *, gateway: bool = False) -> list[str]:
-    """Every reason ``config`` cannot serve (empty: it can); ``names`` are the settings given, for typos.
+def problems(config: Settings, given: Mapping[str, str] | Iterable[str] = (), *, gateway: bool = False) -> list[str]:
+    """Every reason ``config`` cannot serve (empty: it can); ``given`` are the settings set (names, or names
+    and values), for typos and for two names of one setting that disagree.
     The ``gateway`` on its own queues no task and signs nothing: it needs no broker and no ``SECRET_KEY``.
 
     Reachability is not checked here (``api.startup`` does that, once the settings are sound).
     """
-    found = unknown_setting_problems(names)
+    found = unknown_setting_problems(given)
+    if isinstance(given, Mapping):
+        found += alias_problems(given)
     checks = [resolve.database, resolve.stream_store, resolve.main_redis, resolve.event_bus_redis]
     if not gateway:
         checks.append(resolve.broker)

@@ -145,6 +145,14 @@ def test_our_database_uri_and_difys_parts_that_disagree_are_refused(tmp_path: pa
     ]
 
 
+def test_two_names_of_one_setting_that_disagree_are_refused(tmp_path: pathlib.Path) -> None:
+    env = embedded(tmp_path) | {"BROADCAST_CHANNEL_TYPE": "pubsub", "EVENT_BUS_REDIS_CHANNEL_TYPE": "sharded"}
+    assert refused("worker", env) == [
+        "BROADCAST_CHANNEL_TYPE=pubsub and EVENT_BUS_REDIS_CHANNEL_TYPE=sharded name the same setting and disagree: "
+        "set one of them"
+    ]
+
+
 def test_a_typo_of_our_own_setting_is_refused_with_the_setting_meant(tmp_path: pathlib.Path) -> None:
     lines = refused("worker", embedded(tmp_path) | {"SSE_PING_INTERVALL": "5", "DURABLE_STREAM_MAX_AGE": "60"})
     assert lines == [
