@@ -54,8 +54,13 @@ def create_app(config: AppConfig | None = None) -> Flask:
     from api.controllers.service_api import bp as service_api_bp
     from api.controllers.web import bp as web_bp
     from api.libs.external_api import http_error_response
+    from api.services.file_service import largest_upload
 
     app.register_blueprint(service_api_bp)
+    # Files and audio are uploaded whole: their routes take bodies up to the largest file they accept.
+    request_limits.allow_larger_bodies(
+        app, {"service_api.fileuploadapi": largest_upload(config), "service_api.audiototextapi": 31 << 20}
+    )
     app.register_blueprint(web_bp)
     app.register_blueprint(browser_bp)
     app.register_blueprint(health_bp)

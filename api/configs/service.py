@@ -107,6 +107,11 @@ class ServiceSettings(BaseSettings):
     WORKFLOW_LLM_TOKEN_DELAY: float = Field(default=0.02, description="Default delay between simulated LLM tokens.")
     WORKFLOW_STOP_CHECK_INTERVAL: float = Field(default=1.0, description="Seconds the stop flag may be cached.")
     BLOCKING_RESPONSE_TIMEOUT: float = Field(default=600, description="Longest wait of a blocking run request.")
+    STRICT_END_USER_ACCESS: bool = Field(
+        default=False,
+        description="Only a run's own end user may stop it or answer its forms (404 not_found for another). "
+        "Off by default, as Dify: any end user of the app may stop a task, and a form's first answer wins.",
+    )
     WORKFLOW_START_TIMEOUT: float = Field(
         default=300, description="Seconds a queued execution attempt may wait for a worker before the run fails."
     )
@@ -155,6 +160,40 @@ class ServiceSettings(BaseSettings):
     MAX_REQUEST_BODY_BYTES: int = Field(
         default=1 << 20, ge=1, description="Largest request body accepted, chunked or not (413 beyond)."
     )
+    STORAGE_LOCAL_PATH: pathlib.Path | None = Field(
+        default=None,
+        description="Folder where uploaded files (POST /files/upload) are kept; default VAR_DIR/storage.",
+        json_schema_extra={"dify": "STORAGE_LOCAL_PATH"},
+    )
+    UPLOAD_FILE_SIZE_LIMIT: int = Field(
+        default=15,
+        ge=1,
+        description="Largest uploaded document, in MB.",
+        json_schema_extra={"dify": "UPLOAD_FILE_SIZE_LIMIT"},
+    )
+    UPLOAD_IMAGE_FILE_SIZE_LIMIT: int = Field(
+        default=10,
+        ge=1,
+        description="Largest uploaded image, in MB.",
+        json_schema_extra={"dify": "UPLOAD_IMAGE_FILE_SIZE_LIMIT"},
+    )
+    UPLOAD_AUDIO_FILE_SIZE_LIMIT: int = Field(
+        default=50,
+        ge=1,
+        description="Largest uploaded audio file, in MB.",
+        json_schema_extra={"dify": "UPLOAD_AUDIO_FILE_SIZE_LIMIT"},
+    )
+    UPLOAD_VIDEO_FILE_SIZE_LIMIT: int = Field(
+        default=100,
+        ge=1,
+        description="Largest uploaded video, in MB.",
+        json_schema_extra={"dify": "UPLOAD_VIDEO_FILE_SIZE_LIMIT"},
+    )
+    UPLOAD_FILE_EXTENSION_BLACKLIST: str = Field(
+        default="",
+        description="Comma-separated extensions refused by POST /files/upload (e.g. 'exe,bat').",
+        json_schema_extra={"dify": "UPLOAD_FILE_EXTENSION_BLACKLIST"},
+    )
     # Capped far below Python's recursion limit: the parser recurses once per level, also in greenlets.
     MAX_JSON_DEPTH: int = Field(
         default=32, ge=1, le=200, description="Deepest nesting of arrays and objects in a JSON body (400 beyond)."
@@ -197,6 +236,21 @@ class ServiceSettings(BaseSettings):
         ge=1,
         description="Events a run's shared writer keeps after delivering them: a client that arrives or "
         "reconnects to a live run starts from them instead of reading the run again on its own.",
+    )
+    SSE_MAX_ARRIVAL_RATE: float = Field(
+        default=0,
+        ge=0,
+        description="Event streams one API process admits a second (a token bucket holding one second's worth); "
+        "more are answered 503 server_busy with a Retry-After that gives each refused client its own turn, so "
+        "they come back at this rate. 0: no limit.",
+    )
+    SSE_MAX_STREAMS: int = Field(
+        default=0,
+        ge=0,
+        description="Event streams one API process holds open at once; more are answered 503 server_busy with a "
+        "Retry-After of SSE_BUSY_RETRY_AFTER_MAX to 30 s. 0 (the default): under gunicorn, 95% of the connections "
+        "one worker accepts (WEB_WORKER_CONNECTIONS) or of its open-file limit, whichever is lower, so that a full "
+        "worker still answers the rest; elsewhere no limit.",
     )
     SSE_MAX_STARTING: int = Field(
         default=0,

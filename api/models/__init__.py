@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .end_user import EndUser, UploadFile
 from .human_input import HumanInputForm, HumanInputFormStatus, IdempotencyKey
 from .limits import LimitCounter, LimitEvent, LimitSlot
 from .model import App, CredentialRevision
@@ -11,6 +12,7 @@ from .workflow import WorkflowRun, WorkflowRunStatus
 __all__ = [
     "App",
     "CredentialRevision",
+    "EndUser",
     "HumanInputForm",
     "HumanInputFormStatus",
     "IdempotencyKey",
@@ -18,6 +20,7 @@ __all__ = [
     "LimitEvent",
     "LimitSlot",
     "RowCopy",
+    "UploadFile",
     "WorkflowRun",
     "WorkflowRunStatus",
 ]

@@ -159,7 +159,7 @@ def test_a_pause_ends_the_stream_unless_continue_on_pause(harness: AppHarness, g
             break
     assert (
         harness.post(
-            f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u2", "inputs": {"approved": True}}
+            f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u2", "inputs": {"approved": "true"}}
         ).status_code
         == 200
     )
@@ -177,7 +177,7 @@ def test_a_stale_pause_in_history_does_not_end_a_replay(harness: AppHarness, gre
     task_id, run_id = first[0]["task_id"], first[0]["workflow_run_id"]
     assert (
         harness.post(
-            f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u3", "inputs": {"approved": True}}
+            f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u3", "inputs": {"approved": "true"}}
         ).status_code
         == 200
     )

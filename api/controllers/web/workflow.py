@@ -31,7 +31,7 @@ class WebWorkflowRunApi(Resource):  # type: ignore[misc]
 class WebWorkflowTaskStopApi(Resource):  # type: ignore[misc]
     @validate_passport
     def post(self, app_model: App, end_user: str, task_id: str) -> Any:
-        runs.stop_run(app_model, task_id, end_user)
+        runs.stop_run(app_model, task_id, end_user, own_runs_only=True)
         return {"result": "success"}
 
 
