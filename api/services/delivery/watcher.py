@@ -121,7 +121,7 @@ def events_lost(run: WorkflowRun, max_age: float | None) -> bool:
 class StreamWatch:
     """One open stream of a run, as the watcher sees it."""
 
-    __slots__ = ("drained", "final", "live_only", "run_id", "subscription")
+    __slots__ = ("drained", "final", "live_only", "revoked", "run_id", "subscription")
 
     def __init__(self, run_id: str, subscription: EventSubscription, live_only: bool) -> None:
         self.run_id = run_id
@@ -130,6 +130,8 @@ class StreamWatch:
         self.final: dict[str, Any] | None = None
         #: Set when the process drains: the stream ends with a ``retry:`` instead of an event.
         self.drained = False
+        #: Set when the credential the stream was opened with is revoked: it ends with an ``error``.
+        self.revoked = False
 
     def final_event(self) -> dict[str, Any] | None:
         """The event the watcher ended the stream with, if it did."""
@@ -142,6 +144,10 @@ class StreamWatch:
     def drain(self) -> None:
         self.drained = True
         self.subscription.close()  # wakes the stream, which then tells its client to come back
+
+    def revoke(self) -> None:
+        self.revoked = True
+        self.subscription.close()  # wakes the stream, which then tells its client why it ends
 
 
 class RunWatcher:
