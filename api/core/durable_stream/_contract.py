@@ -62,11 +62,13 @@ class CursorUnavailableError(DurableStreamError):
     """A requested or current resume position cannot be resolved.
 
     Raised for malformed or truncated cursors, cursors of another topic or of an earlier
-    incarnation of this topic, and positions that retention has removed. The adapter never falls
-    back to the beginning or the tail instead.
+    incarnation of this topic, positions that retention has removed, and positions whose history
+    the store no longer holds. The adapter never falls back to the beginning or the tail instead.
 
     ``reason`` says which, where the library knows: ``trimmed`` (retention removed the position),
-    ``epoch`` (the topic was deleted, expired or re-created), ``foreign`` (another topic's cursor),
+    ``epoch`` (the topic was deleted, expired or re-created), ``history_diverged`` (the record the
+    position follows is missing from the store or is another record: a store failover lost records
+    the reader had received, and the topic went on differently), ``foreign`` (another topic's cursor),
     ``malformed``; else ``unknown``.
     """
 
