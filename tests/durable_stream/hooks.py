@@ -308,3 +308,55 @@ def redis_lose_last_records(backend: DurableStreamBackend, name: str, count: int
     found._redis.evalsha(Script.of(_REDIS_LOSE), found._keys(name), [count])
     if found._prefetch is not None:
         found._prefetch.clear()
+
+
+def postgres_lose_last_records(backend: DurableStreamBackend, name: str, count: int) -> None:
+    from sqlalchemy import text
+
+    found = driver(backend)
+    s = f'"{found._schema}"'
+
+    def work(conn: Any) -> None:
+        conn.execution_options(isolation_level="READ COMMITTED")
+        with conn.begin():
+            topic_id, last = conn.execute(
+                text(f"SELECT id, last_seq FROM {s}.topics WHERE name = :name FOR UPDATE"), {"name": name}
+            ).one()
+            keep = last - count
+            conn.execute(
+                text(f"DELETE FROM {s}.records WHERE topic_id = :id AND seq > :keep"), {"id": topic_id, "keep": keep}
+            )
+            conn.execute(
+                text(
+                    f"UPDATE {s}.topics SET last_seq = :keep, sealed = false, last_digest = "
+                    f"(SELECT digest FROM {s}.records WHERE topic_id = :id AND seq = :keep) WHERE id = :id"
+                ),
+                {"id": topic_id, "keep": keep},
+            )
+
+    found._run("lose records", work)
+
+
+def nats_lose_last_records(backend: DurableStreamBackend, name: str, count: int) -> None:
+    """The subject rewritten with its messages up to the last ``count`` records (copied with their headers:
+    epoch, ordinals and digests), as a stream restored from an older copy; new sequences, which the
+    adapter must not trust over the ordinals. This process forgets what it remembered, as a reconnect
+    to a restored server would make it."""
+    conn = driver(backend)._connection()
+    store = conn.topics
+    subject = store.subject(name)
+
+    async def rewrite() -> None:
+        messages = await conn.js.batch(subject, 1, 100_000)
+        last = max(message.ordinal for message in messages if message.is_record)
+        kept = [message for message in messages if message.ordinal <= last - count and message.kind != "s"]
+        await conn.js.purge(subject)
+        previous = 0
+        for message in kept:
+            headers = {"Ds-O": str(message.ordinal), "Ds-E": message.epoch, "Ds-H": message.digest}
+            if message.kind:
+                headers["Ds-K"] = message.kind
+            previous = await conn.js.publish(subject, message.payload, headers, previous)
+
+    conn.loop.run(rewrite, 30.0)
+    store.forget()
