@@ -128,6 +128,7 @@ RESUME_OUTCOMES = (
     "resumed",
     "invalid_resume_token",
     "resume_cursor_expired",
+    "history_diverged",
     "run_events_lost",
     "not_found",
     "unavailable",
@@ -174,7 +175,7 @@ CURSOR_UNAVAILABLE = _metric(
     "backend",
     "reason",
     roles=frozenset({API}),
-    known=_per_backend("trimmed", "epoch", "foreign", "malformed", "unknown"),
+    known=_per_backend("trimmed", "epoch", "history_diverged", "foreign", "malformed", "unknown"),
 )
 UNAVAILABLE = _metric(
     "durable_stream_unavailable_total",

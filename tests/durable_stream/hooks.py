@@ -360,3 +360,15 @@ def nats_lose_last_records(backend: DurableStreamBackend, name: str, count: int)
 
     conn.loop.run(rewrite, 30.0)
     store.forget()
+
+
+def lose_last_records(backend: DurableStreamBackend, name: str, count: int) -> None:
+    """Any adapter's store forgets topic ``name``'s last ``count`` records (see ``*_lose_last_records``)."""
+    by_adapter: dict[str, Callable[[DurableStreamBackend, str, int], None]] = {
+        "memory": memory_lose_last_records,
+        "sqlite": sqlite_lose_last_records,
+        "redis": redis_lose_last_records,
+        "postgres": postgres_lose_last_records,
+        "nats": nats_lose_last_records,
+    }
+    by_adapter[backend._engine.name](backend, name, count)

@@ -57,6 +57,11 @@ DRAIN_RETRY_MIN_MS = 250
 #: Events ready at once that one chunk (one socket write) may carry.
 COALESCE = 64
 
+HISTORY_DIVERGED_MESSAGE = (
+    "the stream store no longer holds the run's events up to this point as this client received them "
+    "(a store failover lost some); reload the run (GET /workflows/run/<id>)"
+)
+
 EVENTS_LOST_MESSAGE = (
     "the run's events are not all retained (retention removed its start, or the stream store lost them); "
     "reload the run (GET /workflows/run/<id>)"
@@ -139,6 +144,7 @@ def reconnect(
 
     Raises:
         GoneError: (410) ``resume_cursor_expired``: the cursor is genuine but its position is gone;
+            ``history_diverged``: the store holds another history before the position (a failover);
             ``run_events_lost``: without a cursor, the retained events are not the run's whole
             history (its start was removed, or the topic is another incarnation than the run's).
             Both carry the run row.
@@ -157,7 +163,7 @@ def reconnect(
             return _tail(app, run, transport, name, continue_on_pause=continue_on_pause)
         return _open(app, run, transport, name, cursor, continue_on_pause=continue_on_pause)
     except CursorUnavailableError as exc:
-        raise _gone(run, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE) from exc
+        raise _gone(run, *cursor_gone(exc)) from exc
     except IncompleteRunError as exc:
         raise _gone(run, "run_events_lost", EVENTS_LOST_MESSAGE) from exc
     except DurableStreamError as exc:
@@ -251,6 +257,14 @@ def _event_of_row(run: WorkflowRun) -> StreamEvent:
     return StreamEvent("workflow_finished", encode_event(run_recovery.finished_event_of(run)), None)
 
 
+def cursor_gone(error: CursorUnavailableError) -> tuple[str, str]:
+    """The 410's code and message for a cursor the store cannot resume: ``history_diverged`` when the
+    store holds another history than the one the client received, else ``resume_cursor_expired``."""
+    if error.reason == "history_diverged":
+        return "history_diverged", HISTORY_DIVERGED_MESSAGE
+    return "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE
+
+
 def _gone(run: WorkflowRun, code: str, message: str) -> GoneError:
     return GoneError(message, code=code, details={"run": runs.run_detail(run)})
 
@@ -286,9 +300,9 @@ def follow(ids: RunIds, cursor: TopicCursor | None, *, continue_on_pause: bool) 
         return _only(_unavailable_notice(ids.run_id, exc))
     try:
         subscription.__enter__()
-    except CursorUnavailableError:
+    except CursorUnavailableError as exc:
         subscription.close()
-        return _only(_error_notice(ids.run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410))
+        return _only(_error_notice(ids.run_id, *cursor_gone(exc), 410))
     except DurableStreamError as exc:
         subscription.close()
         return _only(_unavailable_notice(ids.run_id, exc))
@@ -339,8 +353,8 @@ def _events(
         yield from events
         if watch.drained:  # the process is going away: the client comes back, to another one
             yield Retry(drain_retry_ms(config))
-    except CursorUnavailableError:
-        yield _error_notice(run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410)
+    except CursorUnavailableError as exc:
+        yield _error_notice(run_id, *cursor_gone(exc), 410)
     except IncompleteRunError:
         yield _error_notice(run_id, "run_events_lost", EVENTS_LOST_MESSAGE, 410)
     except DurableStreamError as exc:

@@ -10,13 +10,14 @@ import random
 import re
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 from api.core.app.apps.event_codec import unstamped
 
-from .errors import gone, unavailable
+from .errors import bad_request, gone, unavailable
 from .json_mode import join_fragments
 from .offsets import BEGINNING, NOW, Offset, epoch_tag
-from .reading import Record
+from .reading import Record, RecordStream, TopicReader
 from .streams import Stream, StreamRegistry
 
 __all__ = ["ReadResult", "catch_up", "long_poll", "resolve_after", "response_cursor", "sse_events"]
@@ -36,24 +37,40 @@ class ReadResult:
     headers: dict[str, str]
 
 
-def resolve_after(stream: Stream, offset: Offset) -> int:
-    """The ordinal after which a read starts; 410 for an offset of another incarnation or behind retention."""
+def resolve_after(stream: Stream, offset: Offset) -> tuple[int, str]:
+    """The ordinal after which a read starts, and the digest of the record there when the offset names it.
+
+    Raises:
+        GatewayError: 410 for an offset of another incarnation, behind retention, or naming a record the
+            stream no longer holds (``history_diverged``: the store lost it, a failover); 400 for an
+            offset without a digest past the stream's tail (no record has been there).
+    """
     info = stream.info
     if offset is BEGINNING:
-        return info.first_ordinal - 1
+        return info.first_ordinal - 1, ""
     if offset is NOW:
-        return info.last_ordinal
+        return info.last_ordinal, info.last_digest
+    digest = ""
     if offset.tag == 0:
         after = 0
     elif offset.tag == epoch_tag(info.epoch):
-        after = min(offset.ordinal, info.last_ordinal)
+        after, digest = offset.ordinal, offset.digest
+        if after > info.last_ordinal:
+            if digest:
+                raise gone(
+                    f"the stream ends at {info.last_ordinal} but this offset follows record {after}: the store no "
+                    "longer holds records it delivered (history_diverged)"
+                )
+            raise bad_request("the offset is past the stream's tail")
+        if after == info.last_ordinal and digest and info.last_digest and digest != info.last_digest:
+            raise gone(f"record {after} of the stream is not the one this offset follows (history_diverged)")
     elif any(offset.tag == tag and offset.ordinal <= last for tag, last in stream.meta.inherited_tags):
-        after = offset.ordinal
+        after = offset.ordinal  # a fork's copy of its source: the source's digests are not the fork's
     else:
         raise gone("the offset belongs to another incarnation of this stream")
     if after < info.first_ordinal - 1:
         raise gone("the offset is behind what the stream retains")
-    return after
+    return after, digest
 
 
 def response_cursor(client_cursor: str | None) -> str:
@@ -84,16 +101,25 @@ def etag(stream: Stream, start: str, end: str, closed: bool) -> str:
 
 
 def catch_up(
-    registry: StreamRegistry, stream: Stream, start: str, after: int, max_bytes: int, if_none_match: str | None
+    registry: StreamRegistry,
+    stream: Stream,
+    start: str,
+    after: int,
+    max_bytes: int,
+    if_none_match: str | None,
+    digest: str = "",
 ) -> ReadResult:
-    records = stream.reader(registry.backend).read(after, stream.tail, max_bytes, _READ_TIMEOUT)
+    reader = stream.reader(registry.backend)
+    records = reader.read(after, stream.tail, max_bytes, _READ_TIMEOUT, digest)
     if not records and after < stream.tail:
         # The records exist but the store delivered none in time: an empty 200 would send the client
         # back for the same offset at once, a 503 tells it to wait.
         raise unavailable("the stream's records could not be read in time; try again shortly")
-    last = records[-1].ordinal if records else after
-    up_to_date = last >= stream.tail
-    headers = {"Content-Type": stream.content_type, "Stream-Next-Offset": stream.offset(last)}
+    next_offset = (
+        stream.offset(records[-1].ordinal, reader.digest_of(records[-1])) if records else stream.offset(after, digest)
+    )
+    up_to_date = (records[-1].ordinal if records else after) >= stream.tail
+    headers = {"Content-Type": stream.content_type, "Stream-Next-Offset": next_offset}
     if up_to_date:
         headers["Stream-Up-To-Date"] = "true"
     closed = stream.closed and up_to_date
@@ -107,20 +133,27 @@ def catch_up(
 
 
 def long_poll(
-    registry: StreamRegistry, stream: Stream, after: int, cursor: str | None, timeout: float, max_bytes: int
+    registry: StreamRegistry,
+    stream: Stream,
+    after: int,
+    cursor: str | None,
+    timeout: float,
+    max_bytes: int,
+    digest: str = "",
 ) -> ReadResult:
     """Records after ``after``, waiting up to ``timeout`` for the first (204 when none come)."""
     if after < stream.tail:
-        result = catch_up(registry, stream, "", after, max_bytes, None)
+        result = catch_up(registry, stream, "", after, max_bytes, None, digest)
         result.headers.pop("ETag", None)
         result.headers["Stream-Cursor"] = response_cursor(cursor)
         return result
-    headers = {"Stream-Next-Offset": stream.offset(after), "Stream-Up-To-Date": "true"}
+    headers = {"Stream-Next-Offset": stream.offset(after, digest), "Stream-Up-To-Date": "true"}
     if stream.closed:
         headers["Stream-Closed"] = "true"
         return ReadResult(204, b"", headers)
     records: list[Record] = []
-    with stream.reader(registry.backend).open(after) as received:
+    reader = stream.reader(registry.backend)
+    with reader.open(after, digest) as received:
         first = received.receive(timeout)
         if first is not None:
             records.append(first)
@@ -137,7 +170,7 @@ def long_poll(
     last = records[-1].ordinal
     headers = {
         "Content-Type": stream.content_type,
-        "Stream-Next-Offset": stream.offset(last),
+        "Stream-Next-Offset": stream.offset(last, reader.digest_of(records[-1])),
         "Stream-Cursor": headers["Stream-Cursor"],
     }
     if last >= current.tail:
@@ -181,6 +214,7 @@ def sse_events(
     binary: bool,
     keepalive: float,
     max_duration: float,
+    digest: str = "",
 ) -> Iterator[bytes]:
     """Every record after ``after`` as a data event, each followed by a control event; then live ones.
 
@@ -188,14 +222,46 @@ def sse_events(
     reconnects from its last offset). Whether a live record is the newest is learnt from the
     subscription (is another one ready?), not from the store: the stream's info is asked for only after
     a quiet ``keepalive`` and to confirm the end of a sealed topic.
+
+    The subscription is entered here, before the first event: an offset the store cannot resume from
+    (behind retention, another history) is a 410 answer, not a stream that ends without a word.
+
+    Raises:
+        GatewayError: 410 when the store cannot resume after ``after`` (and the record ``digest`` names).
     """
+    reader = stream.reader(registry.backend)
+    opened = reader.open(after, digest)
+    records = opened.__enter__()
+    try:
+        return _sse_loop(
+            registry, stream, reader, records, opened, after, digest, cursor, binary, keepalive, max_duration
+        )
+    except BaseException:
+        opened.__exit__(None, None, None)
+        raise
+
+
+def _sse_loop(
+    registry: StreamRegistry,
+    stream: Stream,
+    reader: TopicReader,
+    records: RecordStream,
+    opened: AbstractContextManager[RecordStream],
+    after: int,
+    digest: str,
+    cursor: str | None,
+    binary: bool,
+    keepalive: float,
+    max_duration: float,
+) -> Iterator[bytes]:
     deadline = time.monotonic() + max_duration
-    position = after
+    position, position_digest = after, digest
     tail = stream.tail
     closed = stream.closed
-    with stream.reader(registry.backend).open(after) as records:
+    try:
         if position >= tail:
-            yield _control(stream.offset(position), cursor=response_cursor(cursor), up_to_date=True, closed=closed)
+            offset = stream.offset(position, position_digest)
+            yield _control(offset, cursor=response_cursor(cursor), up_to_date=True, closed=closed)
             if closed:
                 return
         ready: Record | None = None
@@ -209,16 +275,15 @@ def sse_events(
                     current = registry.refresh(stream)
                     tail, closed = current.tail, current.closed
                     if position >= tail:
-                        yield _control(
-                            stream.offset(position), cursor=response_cursor(cursor), up_to_date=True, closed=closed
-                        )
+                        offset = stream.offset(position, position_digest)
+                        yield _control(offset, cursor=response_cursor(cursor), up_to_date=True, closed=closed)
                         if closed:
                             return
                     if received is not None:  # nothing more comes from an ended subscription: reconnect
                         return
                     continue
                 record = received
-            position = record.ordinal
+            position, position_digest = record.ordinal, reader.digest_of(record)
             if position >= tail:
                 following = records.poll(0)
                 if isinstance(following, Record):
@@ -232,7 +297,12 @@ def sse_events(
             at_tail = position >= tail
             # One write for the pair: a client that stops reading after the data event still has its control.
             yield sse_data(stream, record, binary) + _control(
-                stream.offset(position), cursor=response_cursor(cursor), up_to_date=at_tail, closed=closed and at_tail
+                stream.offset(position, position_digest),
+                cursor=response_cursor(cursor),
+                up_to_date=at_tail,
+                closed=closed and at_tail,
             )
             if closed and at_tail:
                 return
+    finally:
+        opened.__exit__(None, None, None)  # entered by sse_events
