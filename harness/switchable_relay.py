@@ -122,6 +122,9 @@ class SwitchableRelay:
                 client.close()  # nothing listens there (the server is dead): as a refused connection
                 continue
             server.settimeout(None)
+            for sock in (client, server):
+                # Small messages (replication acknowledgements) must not wait for Nagle's algorithm.
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             link = _Link(client, server)
             with self._lock:
                 self._links.append(link)

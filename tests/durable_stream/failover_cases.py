@@ -16,9 +16,9 @@ from api.core.durable_stream import (
     CLOSED,
     CursorUnavailableError,
     DurableStreamBackend,
+    DurableStreamProducer,
     DurableStreamRecord,
     DurableStreamSubscription,
-    DurableStreamTopic,
     DurableStreamUnavailableError,
     TopicCursor,
     TopicSealedError,
@@ -45,7 +45,7 @@ class Failover(Protocol):
     def fail_over(self) -> None: ...
 
 
-def append_retrying(topic: DurableStreamTopic, payload: bytes, timeout: float = 20.0) -> None:
+def append_retrying(topic: DurableStreamProducer, payload: bytes, timeout: float = 20.0) -> None:
     """Append as a producer does across a failover: an append that failed before it reached a server is
     tried again (the relay resets the old primary's connections; the pool reconnects to the new one)."""
     deadline = time.monotonic() + timeout
@@ -125,3 +125,32 @@ def check_every_position(pair: Failover, lost: int, after: int, sealed: bool, **
                     assert received is not None, "no word within 20 s"
             assert refused.value.reason == DIVERGED
         live.close()
+
+
+def check_repair(pair: Failover, lost: int, after: int, **options: object) -> None:
+    """The producer outlives the failover: it appends again what the promoted replica lacks, so every
+    position handed out before (those of the lost records included) continues exactly."""
+    name = f"failover-{uuid.uuid4().hex}"
+    with connect(pair.url, **options) as backend, connect(pair.url, **options) as reader:
+        topic = backend.topic(name)
+        producer = topic.as_producer(repair_window=64)
+        old = [f"old-{index}".encode() for index in range(BEFORE + lost)]
+        for payload in old[:BEFORE]:
+            producer.append(payload)
+        pair.wait_replicated()
+        pair.freeze_replication()
+        for payload in old[BEFORE:]:
+            producer.append(payload)
+        assert pair.replica_behind(), "the replica must not have the last appends"
+        with topic.subscribe_from_beginning() as subscription:
+            records = drain(subscription, BEFORE + lost)
+        pair.fail_over()
+        new = [f"new-{index}".encode() for index in range(after)]
+        for payload in new:
+            append_retrying(producer, payload)
+        producer.seal()  # type: ignore[attr-defined]  # repairs first: nothing may be left to append
+        assert producer.repaired == lost and producer.gaps == 0  # type: ignore[attr-defined]
+        history = old + new
+        for index, record in enumerate(records):
+            rest = history[index + 1 :]
+            assert resume(reader, name, record.cursor, len(rest), True) == rest, f"after record {index + 1}"

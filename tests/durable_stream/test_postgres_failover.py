@@ -17,7 +17,7 @@ import pytest
 from harness.failover import PostgresFailover
 from harness.postgres_server import postgres_available
 
-from .failover_cases import check_every_position
+from .failover_cases import check_every_position, check_repair
 
 pytestmark = [
     pytest.mark.skipif(not postgres_available(), reason="PostgreSQL server binaries are needed"),
@@ -36,3 +36,10 @@ def test_every_position_resumes_exactly_or_is_refused_after_a_failover(
     pair: PostgresFailover, lost: int, after: int, sealed: bool
 ) -> None:
     check_every_position(pair, lost, after, sealed)
+
+
+@pytest.mark.parametrize(("lost", "after"), [(1, 0), (3, 2)])
+def test_a_producer_that_outlives_the_failover_repairs_it_for_every_reader(
+    pair: PostgresFailover, lost: int, after: int
+) -> None:
+    check_repair(pair, lost, after)

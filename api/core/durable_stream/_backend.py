@@ -19,6 +19,7 @@ from ._cursor import CursorCodec, CursorPosition, validate_position
 from ._driver import Driver, Position, TopicHead, TopicInfo
 from ._engine import DEFAULT_BUFFER_SIZE, Engine
 from ._observer import APPEND_OK, APPEND_SEALED, APPEND_UNAVAILABLE, DurableStreamObserver
+from ._producer import RepairingProducer
 from ._subscription import START_BEGINNING, START_CURSOR, START_TAIL, Subscription
 
 if TYPE_CHECKING:
@@ -204,7 +205,9 @@ class _Topic(DurableStreamTopic):
             with contextlib.suppress(Exception):  # an observer's bug must not change the append's outcome
                 observer.appended(self._engine.name, outcome, time.perf_counter() - started)
 
-    def as_producer(self) -> DurableStreamProducer:
+    def as_producer(self, *, repair_window: int = 0) -> DurableStreamProducer:
+        if repair_window:
+            return RepairingProducer(self._engine, self.name, repair_window)
         return _Producer(self)
 
     def seal(self) -> None:

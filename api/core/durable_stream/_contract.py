@@ -186,8 +186,16 @@ class DurableStreamTopic(DurableStreamProducer, Protocol):
     """A named, ordered durable stream with independent subscriptions. Thread-safe."""
 
     @abstractmethod
-    def as_producer(self) -> DurableStreamProducer:
-        """Return a write-only view of this topic."""
+    def as_producer(self, *, repair_window: int = 0) -> DurableStreamProducer:
+        """Return a write-only view of this topic.
+
+        With ``repair_window`` (a number of records), the producer keeps its last records and appends
+        each one only if the topic's head is still its own previous record: after a store failover that
+        lost its last appends it appends them again, in order, before the new one (readers continue
+        exactly), and where the topic cannot be repaired it starts a new incarnation, so that every
+        reader is told instead of reading a history with a hole. Such a producer is meant to be the
+        topic's main writer; see ``RepairingProducer``.
+        """
         ...
 
     @abstractmethod

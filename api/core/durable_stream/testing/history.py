@@ -10,7 +10,9 @@ Two kinds of test: cursors that name another record at a real ordinal (built wit
 ``admin.cursor_after(..., digest=...)``), which every adapter runs, and real forks, where the store
 forgets the topic's last records as a failover to a replica behind would and the topic goes on
 differently; those need the adapter's test class to implement :meth:`ContractBase.lose_last_records`
-and are skipped otherwise.
+and are skipped otherwise. The same forks show what a producer that outlives the failover does
+(``as_producer(repair_window=...)``): it appends again what the store lost, so that every reader
+continues exactly, or, beyond repair, starts a new incarnation that every reader is told about.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from api.core.durable_stream import (
     DurableStreamBackend,
     DurableStreamRecord,
     DurableStreamTopic,
+    RepairingProducer,
     TopicCursor,
+    TopicSealedError,
 )
 
 from .base import ContractBase
@@ -212,3 +216,88 @@ class HistoryContract(ContractBase):
         append_all(topic, [b"more"])
         for index, record in enumerate(before):
             assert_exact_or_diverged(topic, record.cursor, [*items[index + 1 :], b"more"], sealed=False)
+
+    # a producer that outlives the failover repairs it ------------------------------------------------
+
+    def test_a_repairing_producer_appends_again_what_the_store_lost(
+        self, backend: DurableStreamBackend, topic: DurableStreamTopic, topic_name: str
+    ) -> None:
+        producer = topic.as_producer(repair_window=16)
+        assert isinstance(producer, RepairingProducer)
+        items = payloads(6)
+        for item in items:
+            producer.append(item)
+        before = read_all(topic, 6)
+        self.lose_last_records(backend, topic_name, 3)
+        producer.append(b"more")
+        assert (producer.repaired, producer.gaps) == (3, 0)
+        # Every reader continues exactly, those who had received the lost records too.
+        for index, record in enumerate(before):
+            assert_exact_or_diverged(topic, record.cursor, [*items[index + 1 :], b"more"], sealed=False)
+        info = backend.admin.topic_info(topic_name)
+        assert info is not None and info.last_ordinal == 7
+
+    def test_another_writer_after_the_producer_is_no_failover(self, topic: DurableStreamTopic) -> None:
+        producer = topic.as_producer(repair_window=4)
+        producer.append(b"mine")
+        topic.append(b"theirs")
+        producer.append(b"mine again")
+        assert [r.payload for r in read_all(topic, 3)] == [b"mine", b"theirs", b"mine again"]
+        assert (producer.repaired, producer.gaps) == (0, 0)  # type: ignore[attr-defined]
+
+    @pytest.mark.parametrize("cause", ["another_writer", "window"])
+    def test_a_history_beyond_repair_becomes_a_new_incarnation(
+        self, backend: DurableStreamBackend, topic: DurableStreamTopic, topic_name: str, cause: str
+    ) -> None:
+        producer = topic.as_producer(repair_window=2 if cause == "window" else 16)
+        for item in payloads(6):
+            producer.append(item)
+        old_epoch = backend.admin.create_topic(topic_name).epoch
+        before = read_all(topic, 6)
+        self.lose_last_records(backend, topic_name, 3)
+        if cause == "another_writer":
+            topic.append(b"theirs")  # where the producer's record 4 was: its records cannot go back
+        producer.append(b"more")
+        assert producer.gaps == 1  # type: ignore[attr-defined]
+        info = backend.admin.topic_info(topic_name)
+        assert info is not None and info.epoch != old_epoch
+        for record in before:  # every reader of the old incarnation is told
+            assert expect_cursor_unavailable(topic, record.cursor).reason == "epoch"
+        assert [r.payload for r in read_all(topic, 1)] == [b"more"]
+
+    def test_a_repairing_producer_refuses_a_sealed_topic(self, topic: DurableStreamTopic) -> None:
+        producer = topic.as_producer(repair_window=4)
+        producer.append(b"one")
+        topic.seal()
+        with pytest.raises(TopicSealedError):
+            producer.append(b"two")
+        assert [r.payload for r in read_all(topic, 1)] == [b"one"]
+
+    def test_a_retried_append_whose_first_attempt_was_stored_is_stored_once(
+        self, backend: DurableStreamBackend, topic: DurableStreamTopic, topic_name: str
+    ) -> None:
+        producer = topic.as_producer(repair_window=4)
+        producer.append(b"one")
+        # The acknowledgement of an append is lost (the store has it; the producer does not know):
+        # what a producer sees when its connection breaks after sending. The caller retries it.
+        topic.append(b"two")
+        producer.append(b"two")
+        producer.append(b"three")
+        assert [r.payload for r in read_all(topic, 3)] == [b"one", b"two", b"three"]
+        info = backend.admin.topic_info(topic_name)
+        assert info is not None and info.last_ordinal == 3
+
+    def test_a_repairing_producers_seal_repairs_first(
+        self, backend: DurableStreamBackend, topic: DurableStreamTopic, topic_name: str
+    ) -> None:
+        producer = topic.as_producer(repair_window=8)
+        assert isinstance(producer, RepairingProducer)
+        items = payloads(5)
+        for item in items:
+            producer.append(item)
+        before = read_all(topic, 5)
+        self.lose_last_records(backend, topic_name, 2)
+        producer.seal()  # nothing more to append: the lost records go back before the seal
+        assert producer.repaired == 2
+        for index, record in enumerate(before):
+            assert_exact_or_diverged(topic, record.cursor, items[index + 1 :], sealed=True)

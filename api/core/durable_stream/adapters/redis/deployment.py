@@ -216,6 +216,38 @@ class Standalone:
         """Run an ``EVALSHA`` of ``script`` that :class:`PackedAppend` encoded, on a write connection."""
         return self._loading(script, self._writer, lambda: self._roundtrip(self._writer, command))
 
+    def evalsha_waiting(
+        self, script: Script, command: bytes | None, keys: Sequence[bytes], args: Sequence[Any], wait: tuple[int, int]
+    ) -> tuple[Any, int]:
+        """An ``EVALSHA`` (``command`` packed already, or ``keys`` and ``args``) followed by ``WAIT replicas
+        timeout`` on the same connection (``WAIT`` counts that connection's writes): the script's reply
+        and how many replicas acknowledged it."""
+        from redis.exceptions import ResponseError
+
+        def run() -> tuple[Any, int]:
+            connection = self._writer.acquire()
+            healthy = False
+            try:
+                script_command = command
+                if script_command is None:
+                    script_command = b"".join(connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *args))
+                waiting = b"".join(connection.pack_command("WAIT", *wait))
+                connection.send_packed_command((script_command, waiting), check_health=False)
+                try:
+                    reply = connection.read_response()
+                except ResponseError:
+                    connection.read_response()  # the WAIT's reply: the connection stays in step
+                    healthy = True
+                    raise
+                acknowledged = int(connection.read_response())
+                healthy = True
+                return reply, acknowledged
+            finally:
+                self._writer.release(connection, healthy)
+
+        result: tuple[Any, int] = self._loading(script, self._writer, run)
+        return result
+
     def evalsha(self, script: Script, keys: Sequence[bytes], args: Sequence[Any], *, read: bool = False) -> Any:
         pool = self._reader if read else self._writer
         return self._loading(script, pool, lambda: self._execute(pool, "EVALSHA", script.sha, len(keys), *keys, *args))

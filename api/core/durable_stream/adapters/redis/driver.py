@@ -65,6 +65,8 @@ class RedisDriver:
         self.reread_interval = max(RedisDriver.reread_interval, 10 * settings.poll_interval)
         self.identity = f"redis:{settings.key_prefix}"
         self._hint_limit = settings.hint_payload_limit
+        #: ``WAIT`` after each append and seal: (replicas, timeout in ms), or None.
+        self._wait = (settings.wait_replicas, settings.wait_timeout_ms) if settings.wait_replicas else None
         max_age = settings.max_age_seconds
         # Prefetched records older than this are not handed out: with max_age_seconds the topic may
         # have expired meanwhile. Without it they stay exact however old (a chain of stream IDs proves
@@ -115,7 +117,15 @@ class RedisDriver:
         standalone, packed = self._standalone, self._packed_append
         if standalone is not None:
             command = packed.command(topic, payload, epoch.encode(), hint, expect)
-            reply = _translate("append", lambda: standalone.evalsha_packed(APPEND_SCRIPT, command))
+            if self._wait is not None:
+                wait = self._wait
+                reply, acknowledged = _translate(
+                    "append", lambda: standalone.evalsha_waiting(APPEND_SCRIPT, command, (), (), wait)
+                )
+                if reply[0] == 1:
+                    self._check_replicas("append", topic, acknowledged)
+            else:
+                reply = _translate("append", lambda: standalone.evalsha_packed(APPEND_SCRIPT, command))
         else:
             condition = ("", "") if expect is None else (str(expect.ordinal), expect.digest)
             args = (payload, epoch, self._max_records, self._max_age_ms, "1" if hint else "0", *condition)
@@ -132,7 +142,26 @@ class RedisDriver:
             )
         return Appended(epoch, int(ordinal), digest)
 
+    def _check_replicas(self, operation: str, topic: str, acknowledged: int) -> None:
+        assert self._wait is not None
+        wanted, timeout = self._wait
+        if acknowledged < wanted:
+            raise DurableStreamUnavailableError(
+                f"Redis {operation} on {topic!r} was stored by the primary but acknowledged by {acknowledged} of "
+                f"{wanted} replicas within {timeout} ms (wait_replicas): a failover now could lose it"
+            )
+
     def seal(self, topic: str) -> None:
+        standalone, wait = self._standalone, self._wait
+        if standalone is not None and wait is not None:
+            keys, args = self._keys(topic), (_new_epoch(), self._max_age_ms)
+            _, acknowledged = _translate(
+                "seal", lambda: standalone.evalsha_waiting(SEAL_SCRIPT, None, keys, args, wait)
+            )
+            self._check_replicas("seal", topic, acknowledged)
+            if self._prefetch is not None:
+                self._prefetch.invalidate(topic)
+            return
         self._eval("seal", SEAL_SCRIPT, topic, (_new_epoch(), self._max_age_ms))
         if self._prefetch is not None:
             self._prefetch.invalidate(topic)  # its hint follows; until then nobody trusts the old head
