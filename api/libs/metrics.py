@@ -282,9 +282,10 @@ RUNS_FINISHED = _metric(
 REAPS = _metric(
     "workflow_run_reaps_total",
     "counter",
-    "Runs the reaper ended (lease_expired, not_started) or queued again (requeued).",
+    "Runs the reaper ended (lease_expired, not_started), queued again (requeued), or whose lost end it "
+    "wrote again (end_lost: a stream-store failover lost the end of a finished run).",
     "reason",
-    known=_each("lease_expired", "not_started", "requeued"),
+    known=_each("lease_expired", "not_started", "requeued", "end_lost"),
 )
 WATCHDOG_STOPS = _metric(
     "workflow_watchdog_stops_total",

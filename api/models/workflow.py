@@ -71,6 +71,10 @@ class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
     )
     #: Unix time before which nobody else may repair the end (its finisher is still retrying it).
     stream_repair_after: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: The topic's last ordinal and last digest when its end was written (sealed): the position that
+    #: proves a stream whole later, and whose absence (a store failover lost the end) gets it repaired.
+    stream_final_ordinal: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stream_final_digest: Mapped[str | None] = mapped_column(String(16), nullable=True)
     created_at: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
     finished_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 

@@ -36,6 +36,7 @@ from api.core.app.apps.message_generator import (
     stream_topic_events,
     terminal_events,
 )
+from api.core.app.apps.run_history import history_gap
 from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, DurableStreamError, TopicCursor
 from api.extensions.ext_durable_stream import retention_max_age
 from api.libs import log_context, metrics
@@ -151,6 +152,8 @@ def reconnect(
         ServiceUnavailableError: (503, ``stream_unavailable``) the stream store cannot be reached.
     """
     name = runs.topic_name(app, run)
+    if run.run_status.is_terminal and (cursor is not None or snapshot):
+        run_recovery.repair_lost_end(app, run)  # a failover may have lost its end: not a run to wait on
     try:
         if cursor is None and not snapshot and run.run_status.is_terminal:
             return _only(PING, _event_of_row(run))  # what comes next is its end alone: no store needed
@@ -200,8 +203,9 @@ def _open(
         if transport.resumable and cursor is None:
             # Checked after entering, so that the subscription cannot be on a newer incarnation.
             info = transport.topic_info(name)
-            if run.stream_epoch is not None and (info is None or info.epoch != run.stream_epoch):
-                raise IncompleteRunError(f"topic {name!r} is not the incarnation run {run.id} started on")
+            gap = history_gap(run, info)
+            if gap is not None:
+                raise IncompleteRunError(f"run {run.id}, topic {name!r}: {gap}")
             # Peek, so that a run whose start is gone is a 410 rather than a stream ending in an error.
             first = subscription.receive(timeout=0)
             if isinstance(first, StreamMessage) and event_name(first.payload) != "workflow_started":

@@ -158,6 +158,7 @@ class RunWatcher:
         for run, app in rows:
             try:
                 run_recovery.check_run(app, run)
+                run_recovery.repair_lost_end(app, run)  # readers wait on it: an end the store lost comes back
             except Exception:  # one run's trouble must not stop the pass
                 logger.warning("could not check run %s while streaming it", run.id, exc_info=True)
                 db.session.rollback()
