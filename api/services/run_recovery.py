@@ -27,7 +27,7 @@ from api.core.app.apps import run_store
 from api.core.app.apps.run_end import write_end
 from api.core.app.apps.run_history import holds_recorded_end
 from api.core.app.apps.topics import workflow_run_topic
-from api.core.durable_stream import DurableStreamError
+from api.core.durable_stream import CursorUnavailableError, DurableStreamError
 from api.core.workflow.engine import finished_event
 from api.core.workflow.events import make_event
 from api.extensions.ext_durable_stream import durable_stream
@@ -106,6 +106,25 @@ def check_run(app: App, run: WorkflowRun) -> bool:
         failed = check_lease(app, run) or check_start_deadline(app, run)
         requeued = not failed and check_queued(app, run)
         return repair_end(app, run) or failed or requeued
+
+
+def _progress_lost(run: WorkflowRun, name: str) -> bool:
+    """Whether the store no longer holds the last event the run's worker recorded having appended (it has
+    fewer records, or others in their place): the library's own check of a position's history.
+
+    Raises:
+        DurableStreamError: The store failed.
+    """
+    ordinal, epoch = run.stream_progress_ordinal, run.stream_epoch
+    if ordinal is None or epoch is None or _config().WORKFLOW_EVENT_TRANSPORT != "durable_stream":
+        return False
+    backend = durable_stream()
+    cursor = backend.admin.cursor_after(name, epoch, ordinal, run.stream_progress_digest or "")
+    try:
+        with backend.topic(name).subscribe_from_cursor(cursor):
+            return False
+    except CursorUnavailableError as exc:
+        return exc.reason == "history_diverged"  # another incarnation or retention: not this check's to say
 
 
 def repair_lost_end(app: App, run: WorkflowRun) -> bool:
@@ -272,6 +291,12 @@ def repair_end(app: App, run: WorkflowRun) -> bool:
     name = workflow_run_topic(app.mode, run.id)
     try:
         transport = event_transport()  # a process's first use of the store connects, and may fail
+        if _progress_lost(run, name):
+            # Events the worker appended are gone (a failover), and the worker cannot append them again:
+            # the end goes to a new incarnation, so that no reader takes the rest for the whole run.
+            logger.warning("run %s: the stream store lost events its worker appended; its history restarts", run.id)
+            metrics.REAPS.tally.add(("end_lost",))
+            durable_stream().admin.delete_topic(name)
         write_end(transport, name, finished_event_of(run), started)
         final = transport.topic_info(name)
     except DurableStreamError as exc:

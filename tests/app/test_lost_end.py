@@ -10,6 +10,9 @@ row and a reader with a cursor 410. The store forgets through the tests' hook in
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 
 from api.core.app.apps.run_history import history_gap
@@ -21,6 +24,7 @@ from harness.hostile_target import FAST_WORKFLOW as FAST
 from harness.waiting import wait_until
 from tests.app.conftest import AppHarness
 from tests.app.test_events_sse import events_of, reconnect, run_streaming, stream
+from tests.app.test_service_api import slow_greeting
 from tests.durable_stream import hooks
 
 
@@ -94,3 +98,48 @@ def test_lost_events_are_410_for_every_reader_never_a_partial_run(
     assert [
         e["event"] for e in events_of(stream(reconnect(harness, key, task_id, "u1", include_state_snapshot="false")))
     ] == ["workflow_finished"]
+
+
+def test_events_lost_with_their_worker_make_the_history_restart_not_a_partial_run(
+    make_harness: Callable[..., AppHarness],
+) -> None:
+    # The worker records its last appended event with each lease renewal; it dies, and the store (a
+    # failover) has lost that event: nobody can put it back, so the run's end goes to a new incarnation.
+    harness = make_harness(WORKFLOW_LEASE_TTL=1.5)
+    key = harness.create_app(slow_greeting(delay=0.05, tokens=2000))["api_key"]
+    started = harness.post(
+        "/v1/workflows/run", key, {"inputs": {"name": "Lee"}, "user": "u1", "response_mode": "async"}
+    )
+    assert started.status_code == 202, started.json
+    run_id, task_id = started.json["workflow_run_id"], started.json["task_id"]
+    name = workflow_run_topic("workflow", run_id)
+    with harness.app.app_context():
+
+        def progress() -> int | None:
+            db.session.remove()
+            row = db.session.get(WorkflowRun, run_id)
+            return (
+                None
+                if row is None or not row.stream_progress_ordinal or row.stream_progress_ordinal < 5
+                else row.stream_progress_ordinal
+            )
+
+        wait_until(progress, 20, "the worker to record its progress")
+        assert harness.worker is not None
+        harness.worker.kill()
+        row = db.session.get(WorkflowRun, run_id)
+        info = durable_stream().admin.topic_info(name)
+        assert row is not None and row.stream_progress_ordinal is not None and info is not None
+        # The store lost everything from the event the worker last recorded on.
+        hooks.lose_last_records(durable_stream(), name, info.last_ordinal - row.stream_progress_ordinal + 1)
+        old_epoch, expires = row.stream_epoch, row.lease_expires_at
+    assert expires is not None
+    # The next reader once the lease has expired fails the run and writes its end, in a new incarnation.
+    time.sleep(max(0.0, expires - time.time()) + 0.05)
+    late = reconnect(harness, key, task_id, "u1")
+    assert late.status_code == 410, late.get_data(as_text=True)
+    assert late.json["code"] == "run_events_lost" and late.json["run"]["status"] == "failed"
+    with harness.app.app_context():
+        db.session.remove()
+        info = durable_stream().admin.topic_info(name)
+        assert info is not None and info.epoch != old_epoch and info.sealed

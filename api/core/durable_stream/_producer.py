@@ -33,6 +33,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ._contract import DurableStreamProducer, DurableStreamUnavailableError, TopicSealedError
+from ._cursor import CursorPosition
 from ._driver import Appended, Position, Refused, TopicHead
 
 if TYPE_CHECKING:
@@ -87,6 +88,14 @@ class RepairingProducer(DurableStreamProducer):
                     f"topic {self._topic!r} kept moving under the producer ({_MAX_ROUNDS} refused appends)"
                 )
         self._engine.notifier.notify(self._topic)
+
+    @property
+    def position(self) -> CursorPosition | None:
+        """Where this producer's last record is (epoch, ordinal and digest), ``None`` before its first."""
+        expect, epoch = self._expect, self._epoch  # swapped under the lock, read here as they were
+        if expect is None or not epoch:
+            return None
+        return CursorPosition(epoch, expect.ordinal, expect.digest)
 
     def repair(self) -> None:
         """Put the topic right now, without appending: what ``append`` does first when the head is not

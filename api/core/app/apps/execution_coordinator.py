@@ -27,7 +27,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from api.core.durable_stream import DurableStreamError, DurableStreamProducer, TopicInfo, TopicSealedError
+from api.core.durable_stream import (
+    DurableStreamError,
+    DurableStreamProducer,
+    RepairingProducer,
+    TopicInfo,
+    TopicSealedError,
+)
 from api.core.workflow.engine import finished_event
 from api.core.workflow.events import make_event
 from api.libs import metrics
@@ -103,6 +109,13 @@ class AppExecutionCoordinator:
     @property
     def state(self) -> AppExecutionState:
         return self._state
+
+    @property
+    def stream_progress(self) -> tuple[int, str] | None:
+        """The (ordinal, digest) of the last event this attempt's producer appended, when it tracks them."""
+        producer = self._producer
+        position = producer.position if isinstance(producer, RepairingProducer) else None
+        return None if position is None else (position.ordinal, position.digest)
 
     def start(self) -> None:
         if self._max_execution_time > 0:

@@ -80,12 +80,12 @@ def record_stream_epoch(run_id: str, epoch: str) -> None:
     )
 
 
-def renew_lease(run_id: str, ttl: float) -> bool:
-    statement = (
-        update(WorkflowRun)
-        .where(WorkflowRun.id == run_id, WorkflowRun.status == RUNNING)
-        .values(lease_expires_at=time.time() + ttl)
-    )
+def renew_lease(run_id: str, ttl: float, progress: tuple[int, str] | None = None) -> bool:
+    """Extend the lease; ``progress``: the (ordinal, digest) of the last event the worker appended."""
+    values: dict[str, Any] = {"lease_expires_at": time.time() + ttl}
+    if progress is not None:
+        values.update(stream_progress_ordinal=progress[0], stream_progress_digest=progress[1] or None)
+    statement = update(WorkflowRun).where(WorkflowRun.id == run_id, WorkflowRun.status == RUNNING).values(**values)
     return _execute(statement) == 1
 
 

@@ -140,7 +140,7 @@ def _attempt(
         repair_window=config.WORKFLOW_EVENT_REPAIR_WINDOW,
     )
     flask_app = current_app._get_current_object()  # type: ignore[attr-defined]
-    with RunLease(flask_app, workflow_run_id, config.WORKFLOW_LEASE_TTL):
+    with RunLease(flask_app, workflow_run_id, config.WORKFLOW_LEASE_TTL, lambda: coordinator.stream_progress):
         coordinator.start()
         error: str | None = None
         try:
