@@ -129,10 +129,9 @@ class NatsDriver:
     def append(self, topic: str, payload: bytes, expect: Position | None = None) -> Appended | Refused:
         conn = self._connection()
         # Uncontended, the publish goes out from this thread: no hand-over to the loop and back.
-        if expect is None:
-            direct = _translate("append", lambda: conn.topics.append_direct(topic, payload, conn.publisher))
-            if direct is not None:
-                return direct
+        direct = _translate("append", lambda: conn.topics.append_direct(topic, payload, conn.publisher, expect))
+        if direct is not None:
+            return direct
         with conn.topics.through_loop(topic):
             return self._run("append", lambda store: store.append(topic, payload, expect))
 

@@ -189,8 +189,13 @@ class TopicStore:
                 if not self._through_loop[subject]:
                     del self._through_loop[subject]
 
-    def append_direct(self, topic: str, payload: bytes, publisher: DirectPublisher) -> Appended | None:
+    def append_direct(
+        self, topic: str, payload: bytes, publisher: DirectPublisher, expect: Position | None = None
+    ) -> Appended | None:
         """Append from the caller's thread or greenlet on ``publisher``; ``None``: use :meth:`append`.
+
+        With ``expect``, only when the remembered tail is that position: the compare-and-set on its
+        sequence then makes the condition hold at the server too.
 
         Only the uncontended case is taken here: a topic whose last message this backend object
         knows (not a seal), and a publisher that is free. Anything else (no known tail, a lost
@@ -209,7 +214,7 @@ class TopicStore:
                 # Other threads of this process append to the topic through the loop, one after the
                 # other on its cached tail: join them rather than lose compare-and-sets to them.
                 return None
-        if tail is None or tail.kind == KIND_SEALED:
+        if tail is None or tail.kind == KIND_SEALED or (expect is not None and not _at(tail, expect)):
             return None
         ordinal = tail.ordinal + 1
         digest = sha1_chain(tail.digest, payload)
