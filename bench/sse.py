@@ -31,10 +31,14 @@ delivery against N) to ``docs/images/sse-capacity-*.png``.
 **Herds and deploys** (issue 28; ``--scenario herd|deploy``, the code in ``bench/sse_herd.py`` and
 ``bench/sse_herd_load.py``, whose docstrings define every figure): the runs are already streaming
 (``--rate`` probe tokens a second, default 1, long enough to outlast the measurement) when the
-clients arrive open loop at ``--arrival-rate`` a second; ``--cursor-share`` of them (default half)
-start with ``Last-Event-ID`` of a real event from the middle of their run, the others replay it from
-its start (``include_state_snapshot=true``). Clients honour ``503`` + ``Retry-After``, resume a stream
-that ends without ``workflow_finished`` with ``Last-Event-ID`` (after the server's ``retry:``), and
+clients arrive open loop at ``--arrival-rate`` a second and start as ``--start`` says
+(``bench/sse_starts.py``): ``tail`` (neither ``Last-Event-ID`` nor ``include_state_snapshot``: Dify's
+default reader, which its web front end sends on every reconnect), ``cursor`` (``Last-Event-ID`` of a
+real event from the middle of their run), ``snapshot`` (``include_state_snapshot=true``: the run from
+its start), or a mix: ``mix`` (the default, Dify's: half tail, a quarter cursor, a quarter snapshot) or
+shares such as ``tail=50,cursor=25,snapshot=25``. Clients honour ``503`` + ``Retry-After``, reconnect
+a stream that ends without ``workflow_finished`` (after the server's ``retry:``; with
+``Last-Event-ID``, except tail clients, which ask for the tail again as Dify's front end does), and
 check exactly once over all their streams. ``herd`` (``--workers`` default 1) reports the time from a
 client's first attempt to being level with its run's live tail and append → client once level;
 ``deploy`` (``--workers`` default 4) then ``kill -HUP``s the master and SIGKILLs one worker
@@ -42,7 +46,9 @@ client's first attempt to being level with its run's live tail and append → cl
 stream's end to level again. For example::
 
     python -m bench.sse --scenario herd --clients 10000 --arrival-rate 1000
-    python -m bench.sse --scenario herd --clients 2000 --arrival-rate 400 --cursor-share 0   # issue 28's observation
+    python -m bench.sse --scenario herd --clients 10000 --arrival-rate 1000 --start tail
+    python -m bench.sse --scenario herd --clients 2000 --arrival-rate 400 --start snapshot   # issue 28's observation
+    python -m bench.sse --scenario herd --clients 20000 --arrival-rate 2000 --start tail     # overload
     python -m bench.sse --scenario deploy --clients 10000 --workers 4
 
 Results go to ``bench/results/sse-<date>-<scenario or --tag>.json``; the herd's chart (the share of
@@ -59,7 +65,6 @@ import datetime
 import json
 import os
 import pathlib
-import resource
 import subprocess
 import sys
 import tempfile
@@ -71,18 +76,19 @@ from typing import Any
 import psutil
 import requests
 
-from harness.app_env import base_env
 from harness.postgres_server import PostgresServer
-from harness.processes import ROOT, process_env
+from harness.processes import ROOT
 from harness.redis_server import RedisServer
 from harness.served_stack import ServedStack
 
+from . import sse_herd
 from .common import percentile
 from .soak.report import machine
+from .sse_stack import USER, raise_open_files, stack_env, start_load_processes
+from .sse_starts import parse_start, start_label
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 IMAGES = ROOT / "docs" / "images"
-USER = "bench"
 MODES = ("durable", "broadcast")
 FULL_CLIENTS = (500, 1000, 2000, 5000, 10000)
 QUICK_CLIENTS = (200, 500)
@@ -96,7 +102,11 @@ def probe_workflow(tokens: int, rate: float) -> dict[str, Any]:
         "graph": {
             "nodes": [
                 {"id": "start", "type": "start", "variables": [{"name": "name", "required": True}]},
-                {"id": "approve", "type": "human_input", "form": [{"name": "approved", "type": "boolean"}]},
+                {
+                    "id": "approve",
+                    "type": "human_input",
+                    "form": [{"name": "approved", "type": "select", "options": ["true", "false"]}],
+                },
                 {
                     "id": "llm",
                     "type": "llm",
@@ -113,42 +123,6 @@ def probe_workflow(tokens: int, rate: float) -> dict[str, Any]:
             ],
         },
     }
-
-
-def raise_open_files() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
-
-
-def stack_env(
-    var_dir: pathlib.Path,
-    redis: RedisServer,
-    mode: str,
-    clients: int,
-    extra: dict[str, str] | None = None,
-    stream_url: str | None = None,
-) -> dict[str, str]:
-    settings: dict[str, Any] = {
-        "DURABLE_STREAM_URL": stream_url or f"redis://127.0.0.1:{redis.port}/0",
-        "REDIS_URL": f"redis://127.0.0.1:{redis.port}/0",
-        # Every broadcast stream holds a connection of the worker's pool: size it for all of them.
-        "REDIS_MAX_CONNECTIONS": clients + 100,
-        "CELERY_BROKER_URL": f"redis://127.0.0.1:{redis.port}/1",
-        # Production-like timings (the test profile's are short): run checks every 10 s per idle
-        # stream, pings every 10 s, stop flag cached for 1 s.
-        "WORKFLOW_LEASE_TTL": 30,
-        "WORKFLOW_STOP_CHECK_INTERVAL": 1.0,
-        "WORKFLOW_REAPER_INTERVAL": 10,
-        "APP_MAX_EXECUTION_TIME": 900,
-        "SSE_PING_INTERVAL": 10,
-        "SSE_IDLE_TIMEOUT": 600,
-    }
-    if mode == "broadcast":
-        settings.update(EVENT_BUS_TRANSPORT="broadcast_channel", BROADCAST_CHANNEL_TYPE="pubsub")
-    settings.update(extra or {})
-    return base_env(var_dir, **settings)
 
 
 def request_snapshot(directory: pathlib.Path, name: str, timeout: float = 120) -> None:
@@ -204,7 +178,7 @@ def resume_runs(url: str, key: str, runs: list[PausedRun], spread: float = 0.0) 
         delay = started + index / len(runs) * spread - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        body = {"inputs": {"approved": True}, "action": run.action, "user": USER}
+        body = {"inputs": {"approved": "true"}, "action": run.action, "user": USER}
         answer = _post(url, f"/v1/form/human_input/{run.form_token}", key, body)
         answer.raise_for_status()
 
@@ -224,31 +198,6 @@ def redis_connections(redis: RedisServer, worker_pid: int) -> tuple[int, int]:
         if connection.raddr and connection.raddr.port == redis.port
     )
     return total, own
-
-
-def start_load_processes(
-    module: str, job: dict[str, Any], key: str, items: list[Any], processes: int
-) -> list[subprocess.Popen[str]]:
-    """Up to ``processes`` children running ``module``, each sent ``job`` with its share of ``items``
-    (as ``job[key]``) as one JSON line on its stdin; their stdout is a pipe of text lines."""
-    children = []
-    for index in range(processes):
-        share = items[index::processes]
-        if not share:
-            continue
-        child = subprocess.Popen(
-            [sys.executable, "-m", module],
-            cwd=ROOT,
-            env=process_env({}),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert child.stdin is not None
-        child.stdin.write(json.dumps({**job, key: share}) + "\n")
-        child.stdin.flush()
-        children.append(child)
-    return children
 
 
 class LoadProcesses:
@@ -600,7 +549,11 @@ def main(argv: list[str] | None = None) -> None:
     herd.add_argument("--arrival-rate", type=float, default=1000.0, help="clients arriving per second (open loop)")
     herd.add_argument("--workers", type=int, default=None, help="gunicorn gevent workers (herd 1, deploy 4)")
     herd.add_argument(
-        "--cursor-share", type=float, default=0.5, help="share of clients starting with a mid-run Last-Event-ID"
+        "--start",
+        type=parse_start,
+        default="mix",
+        help="where clients start: tail, cursor, snapshot, mix (default: Dify's, tail=50,cursor=25,snapshot=25) "
+        "or shares such as tail=80,snapshot=20",
     )
     herd.add_argument("--warmup", type=float, default=20.0, help="seconds the runs stream before the first client")
     herd.add_argument("--level-wait", type=float, default=20.0, help="seconds after the arrival to wait for level")
@@ -694,8 +647,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def herd_main(args: argparse.Namespace, argv: list[str] | None) -> None:
     """``--scenario herd|deploy`` (and ``--chart-from``): rows of ``bench.sse_herd.measure_scenario``."""
-    from . import sse_herd
-
     if args.chart_from:
         drawn = [
             {**row, "source": path.stem.removeprefix("sse-")}  # which run each line is, in its legend
@@ -721,10 +672,18 @@ def herd_main(args: argparse.Namespace, argv: list[str] | None) -> None:
     ).stdout.splitlines()
     print(
         f"SSE {scenario}: clients {counts} at {args.arrival_rate:g}/s, {workers} worker(s), {args.runs} runs at "
-        f"{rate:g} probe/s, {args.cursor_share:.0%} with a cursor; {info['nproc']} CPUs; code {commit[:7]}"
+        f"{rate:g} probe/s, start {start_label(args.start)}; {info['nproc']} CPUs; code {commit[:7]}"
         f"{' + uncommitted api/ changes' if dirty else ''}",
         flush=True,
     )
+    for count in counts:
+        if count / workers + 1000 > hard:
+            # Each worker holds its clients' sockets under the same hard limit: past it, it cannot accept.
+            print(
+                f"note: {count:,} clients on {workers} worker(s) is more sockets per worker than the "
+                f"open-files limit ({hard:,}) allows; the rest must be refused (503) or fail to connect",
+                flush=True,
+            )
     rows: list[dict[str, Any]] = []
     with _timer() as timer:
         for count in counts:
@@ -736,7 +695,7 @@ def herd_main(args: argparse.Namespace, argv: list[str] | None) -> None:
                     workers=workers,
                     runs=args.runs,
                     rate=rate,
-                    cursor_share=args.cursor_share,
+                    start=args.start,
                     warmup=args.warmup,
                     level_wait=args.level_wait,
                     steady=steady,

@@ -11,9 +11,12 @@ Unlike the capacity mode (clients connect to paused runs, then the runs stream),
   end, started one after the other over one token interval and long enough to outlast the
   measurement; after ``--warmup`` seconds each run has streamed part of its tokens;
 - then one reader per run reads it from its start up to its live tail, which gives real event ids;
-  the clients (``--cursor-share``, default half) that start with a cursor get ``Last-Event-ID`` of a
-  probe event picked at random from the middle half of what their run had at that moment; the others
-  use ``include_state_snapshot=true`` and replay their run from its start;
+  each client starts as ``--start`` says (``bench/sse_starts.py``; default Dify's mix: half ``tail``,
+  a quarter ``cursor``, a quarter ``snapshot``, assigned deterministically and interleaved over the
+  runs and the arrival order): a ``cursor`` client gets ``Last-Event-ID`` of a probe event picked at
+  random from the middle half of what its run had at that moment, a ``snapshot`` client uses
+  ``include_state_snapshot=true`` and replays its run from its start, a ``tail`` client sends neither
+  and reads from the live tail (and reconnects the same way, without a cursor);
 - the clients (``bench.sse_herd_load``; their definitions of exactly once, of being **level with the
   live tail** and of their retries are in its docstring) start at ``i / arrival-rate`` s, round robin
   over the runs, and read until ``workflow_finished``.
@@ -57,27 +60,11 @@ from harness.served_stack import GunicornServer, ServedStack
 
 from .common import percentile
 from .soak import workflows as soak_workflows
-from .sse import USER, raise_open_files, stack_env, start_load_processes
+from .sse_herd_load import RECORD
+from .sse_stack import USER, load_processes_for, raise_open_files, stack_env, start_load_processes
+from .sse_starts import DIFY_MIX, START_KINDS, assign_starts, start_label
 
 PROBE = re.compile(rb'"text":"p(\d+)@(\d+\.\d+)')
-RECORD_FIELDS = (
-    "index",
-    "outcome",
-    "refused",
-    "connect_errors",
-    "resumes",
-    "time_to_level",
-    "missing",
-    "duplicated",
-    "out_of_order",
-    "events",
-    "first_probe",
-    "last_probe",
-    "finished",
-    "failure",
-    "ends",
-    "statuses",
-)
 #: A client level within this many seconds of arriving (or of its stream's end) meets issue 28.
 LEVEL_TARGET_S = 10.0
 
@@ -301,6 +288,24 @@ def _quantiles(values: list[float], scale: float = 1.0, digits: int = 3) -> list
     return out
 
 
+def _start_figures(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """Outcomes and time to level of the clients of one start kind."""
+    return {
+        "clients": len(group),
+        "refused_then_served": sum(1 for record in group if record["outcome"] == "refused_served"),
+        "failed": sum(1 for record in group if record["outcome"] == "failed"),
+        "missing": sum(record["missing"] for record in group),
+        "duplicated": sum(record["duplicated"] for record in group),
+        "time_to_level_s": _quantiles(
+            [
+                math.inf if record["time_to_level"] is None else record["time_to_level"]
+                for record in group
+                if record["outcome"] != "failed"
+            ]
+        ),
+    }
+
+
 def _cdf(values: list[float], points: int = 200) -> list[float]:
     """``points`` evenly spaced quantiles of ``values`` (for the chart)."""
     ordered = sorted(values)
@@ -327,7 +332,7 @@ def measure_scenario(
     workers: int = 1,
     runs: int = 40,
     rate: float = 1.0,
-    cursor_share: float = 0.5,
+    start: dict[str, float] | None = None,
     warmup: float = 20.0,
     level_wait: float = 20.0,
     steady: float = 15.0,
@@ -341,8 +346,17 @@ def measure_scenario(
     directory: pathlib.Path | None = None,
     seed: int = 28,
 ) -> dict[str, Any]:
-    """One row of the herd or deploy scenario on a fresh stack (see the module's docstring)."""
-    raise_open_files()
+    """One row of the herd or deploy scenario on a fresh stack (see the module's docstring).
+
+    ``start``: the share of each start kind (``bench.sse_starts.parse_start``; default Dify's mix).
+
+    Raises:
+        ValueError: the open-files limit leaves no room for a load process's clients.
+    """
+    shares = dict(DIFY_MIX if start is None else start)
+    open_files = raise_open_files()
+    # Every load process inherits the hard limit: enough of them that each holds its share of sockets.
+    load_processes = load_processes_for(clients, load_processes, open_files)
     rng = random.Random(seed)
     arrival = clients / arrival_rate
     after_level = steady + (gap * len(events) if scenario == "deploy" else 0.0)
@@ -376,18 +390,18 @@ def measure_scenario(
         specs: list[list[Any]] = []
         cursor_positions: dict[int, tuple[int, int]] = {}  # client -> (run, position of its cursor event)
         first_arrival = time.time() + 2.0
-        for index in range(clients):
+        for index, kind in enumerate(assign_starts(clients, runs, shares)):
             run = index % runs
             start_at = first_arrival + index / arrival_rate
-            with_cursor = int((index + 1) * cursor_share) > int(index * cursor_share)
             probes = [(position, event) for position, event in enumerate(existing[run]) if event.probe is not None]
-            if with_cursor and probes:
+            if kind == "cursor" and probes:
                 middle = probes[len(probes) // 4 : max(len(probes) // 4 + 1, 3 * len(probes) // 4)]
                 position, event = rng.choice(middle)
                 cursor_positions[index] = (run, position)
-                specs.append([index, task_ids[run], start_at, event.id, event.probe])
+                specs.append([index, task_ids[run], start_at, kind, event.id, event.probe])
             else:
-                specs.append([index, task_ids[run], start_at, None, -1])
+                # A run with no probe yet has no cursor to give: such a client replays it instead.
+                specs.append([index, task_ids[run], start_at, "snapshot" if kind == "cursor" else kind, None, -1])
 
         watch = WorkerWatch(server)
         watch.start()
@@ -460,7 +474,7 @@ def measure_scenario(
         runs=runs,
         rate=rate,
         tokens=tokens,
-        cursor_share=cursor_share,
+        shares=shares,
         done=done,
         specs=specs,
         cursor_positions=cursor_positions,
@@ -490,7 +504,7 @@ def summarize(
     runs: int,
     rate: float,
     tokens: int,
-    cursor_share: float,
+    shares: dict[str, float],
     done: list[dict[str, Any]],
     specs: list[list[Any]],
     cursor_positions: dict[int, tuple[int, int]],
@@ -509,7 +523,7 @@ def summarize(
     load_cpu: list[float],
     access_log: bool,
 ) -> dict[str, Any]:
-    records = [dict(zip(RECORD_FIELDS, record, strict=True)) for part in done for record in part.get("records", [])]
+    records = [dict(zip(RECORD, record, strict=True)) for part in done for record in part.get("records", [])]
     latencies = [tenths / 10 for part in done for tenths in part.get("latencies", [])]
     by_second: Counter[int] = Counter()
     notices: Counter[str] = Counter()
@@ -521,10 +535,11 @@ def summarize(
     outcomes = Counter(record["outcome"] for record in records)
     failures = Counter(record["failure"] for record in records if record["failure"])
     statuses: Counter[int] = Counter(status for record in records for status in record["statuses"])
-    # Exactly once against the stored run: every run event after the client's starting point.
+    # Exactly once against the stored run: every run event after the client's starting point. A tail
+    # client's starting point is wherever the run was when it asked: only cursors and snapshots count.
     count_short = count_over = 0
     for record in records:
-        if not record["finished"]:
+        if not record["finished"] or record["start"] == "tail":
             continue
         index = record["index"]
         run = index % runs
@@ -559,6 +574,11 @@ def summarize(
         else float("nan")
     )
     served_clients = outcomes["served"] + outcomes["refused_served"]
+    by_kind = {kind: [record for record in records if record["start"] == kind] for kind in START_KINDS}
+    # A tail stream whose first probe was appended more than one probe interval before it asked
+    # started stale: it was handed an event from before the live tail.
+    tail_lags = [lag for record in by_kind["tail"] for lag in record["start_lags"]]
+    stale_starts = sum(1 for lag in tail_lags if lag > 1.0 / rate)
     row: dict[str, Any] = {
         "scenario": scenario,
         "clients": clients,
@@ -567,8 +587,8 @@ def summarize(
         "runs": runs,
         "rate_per_run": rate,
         "tokens": tokens,
-        "cursor_share": cursor_share,
-        "cursor_clients": len(cursor_positions),
+        "start": start_label(shares),
+        "start_shares": shares,
         "access_log": access_log,
         "served": outcomes["served"],
         "refused_then_served": outcomes["refused_served"],
@@ -576,25 +596,8 @@ def summarize(
         "failures": dict(failures),
         "refusals_503": sum(record["refused"] for record in records),
         "refusal_codes": dict(refusal_codes),
-        # The same figures for the clients with a cursor and for those replaying from the start.
-        "by_start": {
-            kind: {
-                "clients": len(group),
-                "refused_then_served": sum(1 for record in group if record["outcome"] == "refused_served"),
-                "failed": sum(1 for record in group if record["outcome"] == "failed"),
-                "time_to_level_s": _quantiles(
-                    [
-                        math.inf if record["time_to_level"] is None else record["time_to_level"]
-                        for record in group
-                        if record["outcome"] != "failed"
-                    ]
-                ),
-            }
-            for kind, group in (
-                ("cursor", [record for record in records if record["index"] in cursor_positions]),
-                ("snapshot", [record for record in records if record["index"] not in cursor_positions]),
-            )
-        },
+        # The same figures for each start (a cursor client whose run had no probe yet is a snapshot one).
+        "by_start": {kind: _start_figures(group) for kind, group in by_kind.items()},
         "statuses": {str(status): count for status, count in sorted(statuses.items())},
         "connect_errors": sum(record["connect_errors"] for record in records),
         "resumes": sum(record["resumes"] for record in records),
@@ -603,6 +606,7 @@ def summarize(
         "missing": sum(record["missing"] for record in records),
         "duplicated": sum(record["duplicated"] for record in records),
         "out_of_order": sum(record["out_of_order"] for record in records),
+        "skipped_on_reconnect": sum(record["skipped_on_reconnect"] for record in records),
         "clients_with_fewer_events": count_short,
         "clients_with_more_events": count_over,
         "unfinished": sum(1 for record in records if not record["finished"]),
@@ -631,6 +635,12 @@ def summarize(
         "time_to_level_cdf_s": [None if math.isinf(value) else round(value, 3) for value in _cdf(levels)],
         "seconds": round(finished_at - first_arrival, 1),
     }
+    row["by_start"]["tail"].update(
+        streams_with_a_probe=len(tail_lags),
+        start_lag_ms=_quantiles(tail_lags, scale=1000.0, digits=1),
+        stale_starts=stale_starts,
+        skipped_on_reconnect=sum(record["skipped_on_reconnect"] for record in by_kind["tail"]),
+    )
     if deploy_events:
         row["events"] = []
         moments = [entry["at"] for entry in deploy_events] + [math.inf]
@@ -661,10 +671,12 @@ HERD_COLUMNS = (
     ("clients", "clients"),
     ("arrival/s", "arrival_rate"),
     ("workers", "workers"),
-    ("cursor share", "cursor_share"),
+    ("start", "start"),
     ("served / 503-then-served / failed", "outcomes"),
     ("missing / dup / out of order", "once"),
     ("event count short / over", "counts"),
+    ("tail start lag p99 ms / stale", "tail_start"),
+    ("tail skipped on reconnect", "skipped_on_reconnect"),
     ("resumes (clients)", "resumes"),
     ("never level", "never_level"),
     ("time to level p50 / p99 / max s", "ttl"),
@@ -682,6 +694,21 @@ def _triple(values: list[float | None]) -> str:
     return " / ".join("-" if value is None else f"{value:,g}" for value in values)
 
 
+def start_of(row: dict[str, Any]) -> str:
+    """The row's start mix (``mix 50/25/25``, ``tail``); rows from before ``--start`` had a cursor share."""
+    if "start" in row:
+        return str(row["start"])
+    return f"{row.get('cursor_share', 0.0):.0%} cursors"
+
+
+def _tail_start(row: dict[str, Any]) -> str:
+    tail = row.get("by_start", {}).get("tail", {})
+    if not tail.get("streams_with_a_probe"):
+        return "-"
+    p99 = tail["start_lag_ms"][1]
+    return f"{'-' if p99 is None else f'{p99:,g}'} / {tail['stale_starts']:,}"
+
+
 def herd_cells(row: dict[str, Any]) -> list[str]:
     if "error" in row:
         return [row.get("scenario", ""), str(row.get("clients", "")), f"failed: {row['error']}"] + [""] * (
@@ -691,7 +718,8 @@ def herd_cells(row: dict[str, Any]) -> list[str]:
         **row,
         "clients": f"{row['clients']:,}",
         "arrival_rate": f"{row['arrival_rate']:g}",
-        "cursor_share": f"{row['cursor_share']:.0%}",
+        "start": start_of(row),
+        "tail_start": _tail_start(row),
         "outcomes": f"{row['served']:,} / {row['refused_then_served']:,} / {row['failed']:,}",
         "once": f"{row['missing']} / {row['duplicated']} / {row['out_of_order']}",
         "counts": f"{row['clients_with_fewer_events']} / {row['clients_with_more_events']}",
@@ -755,10 +783,7 @@ def herd_chart(rows: list[dict[str, Any]], path: pathlib.Path) -> pathlib.Path:
         points = [(value, index / (len(cdf) - 1)) for index, value in enumerate(cdf) if value is not None]
         if len(points) < 2:
             continue
-        label = (
-            f"{row['clients']:,} @ {row['arrival_rate']:g}/s, {row['workers']} worker(s), "
-            f"{row['cursor_share']:.0%} cursors"
-        )
+        label = f"{row['clients']:,} @ {row['arrival_rate']:g}/s, {row['workers']} worker(s), start {start_of(row)}"
         if row.get("source"):
             label = f"{row['source']}: {label}"
         axes.plot(*zip(*points, strict=True), label=label)

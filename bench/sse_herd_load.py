@@ -3,25 +3,44 @@
 Started as ``python -m bench.sse_herd_load`` with a JSON job on stdin::
 
     {"host", "port", "key", "user", "deadline" (time.time()), "reconnect_ms", "jitter_s", "max_attempts",
-     "clients": [[index, task_id, start_at (time.time()), cursor id or null, cursor probe index], ...]}
+     "clients": [[index, task_id, start_at (time.time()), start, cursor id or null, cursor probe index], ...]}
 
 Each client starts at its own ``start_at`` whatever the others or the server do (open loop), and
-sends ``GET /v1/workflow/<task_id>/events?user=…`` as HTTP/1.0 on a raw asyncio socket: with
-``Last-Event-ID: <cursor>`` if it has one (it gets what comes after that event), else with
-``include_state_snapshot=true`` (it replays the run from its start). Then:
+sends ``GET /v1/workflow/<task_id>/events?user=…`` as HTTP/1.0 on a raw asyncio socket. How it asks
+depends on its ``start`` (``bench/sse_starts.py``):
+
+- ``cursor``: with ``Last-Event-ID: <cursor>`` (it gets what comes after that event);
+- ``snapshot``: with ``include_state_snapshot=true`` (it replays the run from its start);
+- ``tail``: with neither (Dify's default reader: it gets what the run appends from then on).
+
+Then:
 
 - **503** (with ``Retry-After``): it waits that many seconds (1 if absent) plus up to ``jitter_s`` at
   random and tries again; counted as ``refused``. Any other non-200 answer fails the client. A
   connection that fails before the headers is retried after the reconnection time, at most
   ``max_attempts`` times in all.
-- A stream that ends (EOF or a broken connection) **without** ``workflow_finished`` is resumed with
-  ``Last-Event-ID`` of the last event received (SSE's reconnection: after the last ``retry:`` the
-  server sent, else ``reconnect_ms``, plus up to ``jitter_s``); counted as a resume.
-- **Exactly once**, across all of a client's streams: the probe tokens (``pN@<stamp>`` in
-  ``text_chunk`` events) must arrive as consecutive indexes from the one after its cursor (0 without a
-  cursor): a lower index is a duplicate, a higher one a gap (``missing`` += the gap, ``out_of_order``
-  += 1). Every run event (``data:`` of a message without ``event:``) is counted, so the orchestrator
-  can compare the count with the stored run.
+- A stream that ends (EOF or a broken connection) **without** ``workflow_finished`` is reconnected
+  (SSE's reconnection: after the last ``retry:`` the server sent, else ``reconnect_ms``, plus up to
+  ``jitter_s``); counted as a resume. A ``cursor`` or ``snapshot`` client resumes with
+  ``Last-Event-ID`` of the last event received (a ``snapshot`` client that received nothing asks as
+  at first); a ``tail`` client asks exactly as at first, **without** a cursor, as Dify's web front end
+  does (in the herd and the deploy alike).
+- **Exactly once**, for ``cursor`` and ``snapshot`` clients, across all of a client's streams: the
+  probe tokens (``pN@<stamp>`` in ``text_chunk`` events) must arrive as consecutive indexes from the
+  one after its cursor (0 for a snapshot): a lower index is a duplicate (``duplicated`` += 1), a
+  higher one a gap (``missing`` += the gap, ``out_of_order`` += 1). Every run event (``data:`` of a
+  message without ``event:``) is counted, so the orchestrator can compare the count with the stored
+  run (for these two kinds only: a tail client's starting point is wherever the run was).
+- **Exactly once for ``tail`` clients**: within one stream, the probes must be consecutive from the
+  stream's **first** probe (gaps are ``missing``, a lower index ``duplicated``, as above). A reconnect
+  legitimately skips what was appended while the client was away: when a later stream's first probe
+  is higher than the one after the last probe received, the difference is ``skipped_on_reconnect``,
+  never ``missing``; when it is lower than or equal to a probe already received, it is ``duplicated``
+  (no stale replay), and so is every probe of that stream until it passes the last one received.
+- **Start lag** (``tail`` clients), per stream that received a probe: the ``time.time()`` at which
+  that stream's request was sent minus the producer stamp of the first probe received on it
+  (positive: the stream began with an event appended before the client asked). The orchestrator
+  counts a lag over one probe interval as a **stale start**: the tail reader was handed the past.
 - **Level with the live tail.** A client is level at a moment when it holds every event the run had
   appended by then. Judged at probe granularity from the producer's stamps: with ``c`` the moment of
   the client's last probe receipt (or the moment its current stream's headers arrived, if it has
@@ -58,14 +77,17 @@ CODE = re.compile(rb'"code":\s*"([^"]+)"')
 #: The fields of a client's record, in order.
 RECORD = (
     "index",
+    "start",  # tail | cursor | snapshot
     "outcome",  # served | refused_served | failed
     "refused",  # 503 answers (each followed by a wait and a retry)
     "connect_errors",  # connections that failed before the headers (each retried)
-    "resumes",  # streams that ended without workflow_finished, resumed with Last-Event-ID
+    "resumes",  # streams that ended without workflow_finished, reconnected
     "time_to_level",  # seconds from the first attempt to level (None: never)
     "missing",
     "duplicated",
     "out_of_order",
+    "skipped_on_reconnect",  # tail: probes appended while it was away (not missing)
+    "start_lags",  # tail: per stream with a probe, request sent - first probe's stamp (s)
     "events",  # run events received over all streams
     "first_probe",
     "last_probe",
@@ -95,10 +117,14 @@ class Client:
 
     def __init__(self, job: dict[str, Any], spec: list[Any], totals: Totals) -> None:
         self.job = job
-        self.index, self.task_id, self.start_at, self.cursor, cursor_probe = spec
+        self.index, self.task_id, self.start_at, self.start, self.cursor, cursor_probe = spec
+        if self.start not in ("tail", "cursor", "snapshot"):
+            raise ValueError(f"client {self.index}: unknown start {self.start!r}")
+        self.tail = self.start == "tail"
         self.totals = totals
         self.last_id: bytes | None = self.cursor.encode() if self.cursor else None
-        self.expected = int(cursor_probe) + 1
+        #: The probe index due next; a tail client has none until its first probe.
+        self.expected: int | None = None if self.tail else int(cursor_probe) + 1
         self.retry_ms = float(job["reconnect_ms"])
         self.refused = 0
         self.connect_errors = 0
@@ -106,6 +132,11 @@ class Client:
         self.missing = 0
         self.duplicated = 0
         self.out_of_order = 0
+        self.skipped_on_reconnect = 0
+        self.start_lags: list[float] = []
+        #: When the current attempt's request was sent, and whether its stream has had a probe yet.
+        self.sent_at = 0.0
+        self.stream_has_probe = False
         self.events = 0
         self.first_probe: int | None = None
         self.last_probe: int | None = None
@@ -123,14 +154,18 @@ class Client:
 
     def request(self) -> bytes:
         job = self.job
-        query = f"user={job['user']}" + ("" if self.last_id is not None else "&include_state_snapshot=true")
+        # A tail client keeps no cursor, as Dify's web front end: every stream asks for the live tail.
+        cursor = None if self.tail else self.last_id
+        query = f"user={job['user']}"
+        if not self.tail and cursor is None:
+            query += "&include_state_snapshot=true"
         head = (
             f"GET /v1/workflow/{self.task_id}/events?{query} HTTP/1.0\r\n"
             f"Host: {job['host']}:{job['port']}\r\nAuthorization: Bearer {job['key']}\r\n"
             "Accept: text/event-stream\r\n"
         ).encode()
-        if self.last_id is not None:
-            head += b"Last-Event-ID: " + self.last_id + b"\r\n"
+        if cursor is not None:
+            head += b"Last-Event-ID: " + cursor + b"\r\n"
         return head + b"\r\n"
 
     async def wait_reconnect(self) -> None:
@@ -155,6 +190,7 @@ class Client:
             try:
                 try:
                     reader, writer = await asyncio.open_connection(job["host"], job["port"], limit=1 << 22)
+                    self.sent_at = time.time()
                     writer.write(self.request())
                     status_line = await reader.readline()
                     if not status_line:  # closed before an answer (a worker stopping): a network error
@@ -182,6 +218,7 @@ class Client:
                     self.failure = f"HTTP {status}"
                     return
                 self.served = True
+                self.stream_has_probe = False
                 if not self.level:
                     self.candidate = time.time()
                 try:
@@ -199,7 +236,7 @@ class Client:
                 self.level = False
                 self.totals.level -= 1
             self.ends.append([round(time.time(), 4), None])
-            if self.last_id is None:  # nothing received: start over as at first
+            if self.start == "snapshot" and self.last_id is None:  # nothing received: start over as at first
                 self.expected, self.events = 0, 0
             await self.wait_reconnect()
 
@@ -241,6 +278,17 @@ class Client:
                     self.retry_ms = float(line[7:].strip())
 
     def probe(self, index: int, stamp: float, now: float) -> None:
+        if not self.stream_has_probe:
+            self.stream_has_probe = True
+            if self.tail:
+                self.start_lags.append(round(self.sent_at - stamp, 4))
+                # A tail stream starts wherever the run is: what was appended while the client was
+                # away is skipped, not missing; anything at or below what it holds is a duplicate.
+                if self.expected is None or index > self.expected:
+                    if self.expected is not None:
+                        self.skipped_on_reconnect += index - self.expected
+                    self.expected = index
+        assert self.expected is not None  # set above for a tail client's first probe
         if index == self.expected:
             self.expected += 1
         elif index < self.expected:
@@ -274,6 +322,7 @@ class Client:
             outcome = "served"
         values = {
             "index": self.index,
+            "start": self.start,
             "outcome": outcome,
             "refused": self.refused,
             "connect_errors": self.connect_errors,
@@ -282,6 +331,8 @@ class Client:
             "missing": self.missing,
             "duplicated": self.duplicated,
             "out_of_order": self.out_of_order,
+            "skipped_on_reconnect": self.skipped_on_reconnect,
+            "start_lags": self.start_lags,
             "events": self.events,
             "first_probe": self.first_probe,
             "last_probe": self.last_probe,

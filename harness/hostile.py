@@ -444,7 +444,7 @@ def _stop_genuine(target: Target, rng: random.Random) -> _Built:
 
 
 def _human_input_finished(target: Target, rng: random.Random) -> _Built:
-    body = _dumps({"user": target.user, "inputs": {"approved": True}})
+    body = _dumps({"user": target.user, "inputs": {"approved": "true"}})
     path = f"/v1/workflows/runs/{target.run.run_id}/human-input"
     return _Built(_json_request(path, target.api_key, body), _expect(409, "workflow_not_paused"))
 
@@ -490,18 +490,19 @@ def _fuzzed_id(target: Target, rng: random.Random, genuine: str) -> str:
 def _path_id(target: Target, rng: random.Random) -> _Built:
     user, key = _q(target.user), target.api_key
     routes: list[tuple[str, str, str, str, bytes | None]] = [
-        ("GET", "/v1/workflows/run/{}?user=" + user, target.run.run_id, "workflow_run_not_found", None),
-        ("GET", "/v1/workflow/{}/events?user=" + user, target.run.task_id, "task_not_found", None),
-        ("POST", "/v1/workflows/tasks/{}/stop", target.run.task_id, "task_not_found", _dumps({"user": target.user})),
+        ("GET", "/v1/workflows/run/{}?user=" + user, target.run.run_id, "not_found", None),
+        ("GET", "/v1/workflow/{}/events?user=" + user, target.run.task_id, "not_found", None),
+        # Dify stops a task whoever asks, and answers an unknown one as a success (200, not 404).
+        ("POST", "/v1/workflows/tasks/{}/stop", target.run.task_id, "", _dumps({"user": target.user})),
         (
             "POST",
             "/v1/workflows/runs/{}/human-input",
             target.run.run_id,
-            "workflow_run_not_found",
+            "not_found",
             _dumps({"user": target.user, "inputs": {}}),
         ),
-        ("GET", "/api/workflow/{}/events", target.web_run.task_id, "task_not_found", None),
-        ("POST", "/api/workflows/tasks/{}/stop", target.web_run.task_id, "task_not_found", None),
+        ("GET", "/api/workflow/{}/events", target.web_run.task_id, "not_found", None),
+        ("POST", "/api/workflows/tasks/{}/stop", target.web_run.task_id, "not_found", None),
         # The target's runs open no form: any form token, however close to a genuine id, is unknown.
         ("GET", "/v1/form/human_input/{}", target.run.run_id, "not_found", None),
         (
@@ -518,13 +519,13 @@ def _path_id(target: Target, rng: random.Random) -> _Built:
     segment = _fuzzed_id(target, rng, genuine)
     headers = [_bearer(auth)] + ([("Content-Type", "application/json")] if body is not None else [])
     request = HttpRequest(method, template.format(_q(segment)), tuple(headers), body)
-    return _Built(request, _expect(404, code))
+    return _Built(request, _expect(404, code) if code else OK)
 
 
 def _query_user(target: Target, rng: random.Random) -> _Built:
     events = rng.random() < 0.5
     path = f"/v1/workflow/{target.run.task_id}/events" if events else f"/v1/workflows/run/{target.run.run_id}"
-    not_found = _expect(404, "task_not_found" if events else "workflow_run_not_found")
+    not_found = _expect(404, "not_found")
     user = _q(target.user)
     query, expect = rng.choice(
         [
@@ -593,9 +594,7 @@ def _credential_variant(rng: random.Random, genuine: str) -> str:
 def _api_key(target: Target, rng: random.Random) -> _Built:
     path = f"/v1/workflows/run/{target.run.run_id}?user={_q(target.user)}"
     if rng.random() < 0.15:
-        return _Built(
-            HttpRequest("GET", path, (_bearer(target.other_api_key),)), _expect(404, "workflow_run_not_found")
-        )
+        return _Built(HttpRequest("GET", path, (_bearer(target.other_api_key),)), _expect(404, "not_found"))
     header = rng.choice(
         [
             f"Bearer {_credential_variant(rng, target.api_key)}",
@@ -622,7 +621,7 @@ def _passport(target: Target, rng: random.Random) -> _Built:
     if roll < 0.1:
         return _Built(HttpRequest("GET", path, (_bearer(target.passport),)), OK)
     if roll < 0.25:
-        return _Built(HttpRequest("GET", path, (_bearer(target.other_passport),)), _expect(404, "task_not_found"))
+        return _Built(HttpRequest("GET", path, (_bearer(target.other_passport),)), _expect(404, "not_found"))
     forged = rng.choice([_credential_variant(rng, target.passport), _char_swapped(target.passport, rng)])
     return _Built(HttpRequest("GET", path, (_bearer(forged),)), UNAUTHORIZED)
 

@@ -105,11 +105,11 @@ def measure(
     from api.configs import AppConfig
     from api.controllers.common.workflow_responses import event_stream_response
     from api.core.app.apps.event_codec import encode_event
+    from api.core.app.apps.message_generator import StartAt
     from api.extensions.ext_event_bus import event_transport
     from api.models import WorkflowRun
     from api.models.engine import db
     from api.services import app_service, run_recovery
-    from api.services import delivery as event_streams
     from api.services import workflow_run_service as run_service
     from harness.app_env import base_env
     from harness.processes import ROOT
@@ -162,8 +162,7 @@ def measure(
         sampled = index < runs
         # The route of a reconnect, as a real request would match it (and nothing else).
         with app.test_request_context(f"/v1/workflow/{run.task_id}/events?user={run.end_user}"):
-            events = event_streams.reconnect(app_row, run, cursor=None, continue_on_pause=False)
-            response = event_stream_response(app_row, run, events)
+            response = event_stream_response(app_row, run, StartAt.BEGINNING)
         first = True
         for chunk in response.iter_encoded():
             os.write(null, chunk)

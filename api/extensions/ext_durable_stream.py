@@ -46,6 +46,10 @@ def init_app(app: Flask, config: AppConfig) -> None:
         STREAM_STORE_ERRORS.append(DurableStreamError)
 
 
+#: Redis URLs of one primary (not a cluster, whose adapter refuses ``wait_replicas``).
+_ONE_PRIMARY = ("redis", "rediss", "redis+sentinel", "rediss+sentinel")
+
+
 def stream_url_with_retention(config: AppConfig) -> str:
     """The stream URL, with the default retention added unless the URL chooses its own, and with
     ``DURABLE_STREAM_REDIS_WAIT_REPLICAS`` as the Redis adapter's ``wait_replicas`` (likewise)."""
@@ -56,7 +60,7 @@ def stream_url_with_retention(config: AppConfig) -> str:
     if "max_age_seconds" not in query and config.DURABLE_STREAM_MAX_AGE_SECONDS > 0:
         added.append(f"max_age_seconds={config.DURABLE_STREAM_MAX_AGE_SECONDS:g}")
     wait = config.DURABLE_STREAM_REDIS_WAIT_REPLICAS
-    if wait > 0 and "wait_replicas" not in query and parts.scheme.lower() in ("redis", "rediss"):
+    if wait > 0 and "wait_replicas" not in query and parts.scheme.lower() in _ONE_PRIMARY:
         added.append(f"wait_replicas={wait}")
     if not added:
         return url

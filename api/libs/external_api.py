@@ -9,7 +9,7 @@ from flask import Response, jsonify, request
 from flask_restful import Api
 from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
 from api.libs.errors import STREAM_UNAVAILABLE, ServiceError, ServiceUnavailableError
 
@@ -44,7 +44,11 @@ def http_error_response(error: Exception) -> Response:
     if isinstance(error, HTTPException):
         status = error.code or 500
         name = (error.name or "error").lower().replace(" ", "_")
-        return error_response(name, error.description or name, status)
+        response = error_response(name, error.description or name, status)
+        if isinstance(error, MethodNotAllowed) and error.valid_methods:
+            # HTTP requires a 405 to say which methods the resource takes.
+            response.headers["Allow"] = ", ".join(sorted(error.valid_methods))
+        return response
     if _refused_by_the_database(error):
         # Validation should have answered first; reaching here means a check is missing somewhere.
         logger.warning("the database refused a request value: %s", getattr(error, "orig", error))

@@ -15,14 +15,14 @@ from array import array
 from itertools import accumulate
 from typing import IO, Any
 
-from flask import Flask, request
+from flask import Flask, current_app, request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from api.configs import AppConfig
 from api.libs.errors import InvalidParamError
 
-__all__ = ["RequestJSONProvider", "init_app", "json_too_deep"]
+__all__ = ["RequestJSONProvider", "allow_larger_bodies", "init_app", "json_too_deep"]
 
 _NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
 # Read as signed bytes, an opening bracket is +1 and a closing one -1.
@@ -35,12 +35,20 @@ def init_app(app: Flask, config: AppConfig) -> None:
     app.before_request(_bound_the_body)
 
 
+def allow_larger_bodies(app: Flask, limits: dict[str, int]) -> None:
+    """Let the views of these endpoints (``blueprint.endpoint``) take bodies up to their own limit (uploads)."""
+    app.config.setdefault("REQUEST_BODY_LIMITS", {}).update(limits)
+
+
 def _bound_the_body() -> None:
     """Refuse a body over the limit before any view runs, whether or not the view reads it.
 
     Raises:
         RequestEntityTooLarge: The declared or, for a chunked body, the actual size is over the limit.
     """
+    own = current_app.config.get("REQUEST_BODY_LIMITS", {}).get(request.endpoint)
+    if own is not None:
+        request.max_content_length = own
     limit = request.max_content_length
     if limit is None:
         return

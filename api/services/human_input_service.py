@@ -17,11 +17,13 @@ from sqlalchemy import select
 
 from api.core.app.apps import form_store, run_store
 from api.core.workflow import Graph
-from api.core.workflow.forms import InvalidSubmissionError, check_submission
+from api.core.workflow.forms import InvalidSubmissionError, check_submission, fields_of
+from api.core.workflow.graph import Node
 from api.libs.errors import ConflictError, InvalidParamError, NotFoundError, PreconditionFailedError
 from api.models import App, HumanInputForm, HumanInputFormStatus, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
+from . import file_service
 from . import workflow_run_service as runs
 from .validation import could_be_credential, require_user
 
@@ -92,17 +94,20 @@ def _check_open(app: App, form: HumanInputForm, run: WorkflowRun) -> None:
 def submit(app: App, token: str, payload: Any, *, user: str | None = None) -> WorkflowRun:
     """``POST /form/human_input/<token>`` with ``{"inputs", "action", "user"}``: answer the form, resume the run.
 
-    ``user`` is the web app's end user (its passport); the service API takes it from the body.
+    ``user`` is the web app's end user (its passport), who answers only its own runs' forms; the service
+    API takes it from the body, and any end user of the app may answer (Dify: the first answer wins).
 
     Raises:
         InvalidParamError: (400) the body is not a JSON object, or ``user`` is missing or malformed;
             (400 ``invalid_form_data``) the inputs or the action do not match the form.
-        NotFoundError: (404 ``not_found``) no such form of this app and end user.
+        NotFoundError: (404 ``not_found``) no such form of this app (with ``STRICT_END_USER_ACCESS``,
+            of this end user's runs: otherwise any end user of the app may answer, the first answer wins).
         PreconditionFailedError: (412) the form was already submitted, or expired.
         ServiceUnavailableError: (503) the task queue is unavailable (the run then fails).
     """
     if not isinstance(payload, Mapping):
         raise InvalidParamError("the request body must be a JSON object")
+    own_runs_only = user is not None
     user = require_user(payload.get("user") if user is None else user)
     inputs, action = payload.get("inputs", {}), payload.get("action")
     if not isinstance(inputs, Mapping):
@@ -110,7 +115,7 @@ def submit(app: App, token: str, payload: Any, *, user: str | None = None) -> Wo
     if action is not None and not isinstance(action, str):
         raise InvalidParamError("'action' must be the id of one of the form's actions", code="invalid_form_data")
     form, run = open_form(app, token)
-    if run.end_user != user:
+    if run.end_user != user and (own_runs_only or runs.strict_end_users()):
         raise _not_found()
     return answer(app, form, run, inputs, action)
 
@@ -120,8 +125,9 @@ def answer(
 ) -> WorkflowRun:
     """Check a submission against its form, take the form's answer, and resume the run with it."""
     node = Graph(app.graph).nodes[form.node_id]
+    inputs = _resolved_files(app, node, inputs)
     try:
-        _, action = check_submission(node, inputs, action)
+        _, action = check_submission(node, inputs, action, form.definition)
     except InvalidSubmissionError as exc:
         raise InvalidParamError(str(exc), code="invalid_form_data") from exc
     _await_pause(app, form, run)
@@ -135,13 +141,36 @@ def answer(
     return run
 
 
+def _resolved_files(app: App, node: Node, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The submission with each file of a ``file`` / ``file-list`` field resolved (an upload's name, type, size).
+
+    Raises:
+        InvalidParamError: (400 ``invalid_form_data``) a file that is no file object, or an upload this
+            app does not have.
+    """
+    resolved = dict(inputs)
+    try:
+        for field in fields_of(node):
+            value = inputs.get(field.name)
+            if field.kind == "file" and isinstance(value, Mapping):
+                resolved[field.name] = file_service.resolve(app, value, f"form field {field.name!r}")
+            elif field.kind == "file-list" and isinstance(value, list):
+                where = f"form field {field.name!r}"
+                resolved[field.name] = [
+                    file_service.resolve(app, item, where) if isinstance(item, Mapping) else item for item in value
+                ]
+    except InvalidParamError as exc:
+        raise InvalidParamError(exc.message, code="invalid_form_data") from exc
+    return resolved
+
+
 def submit_by_run(app: App, run_id: str, payload: Any) -> WorkflowRun:
     """``POST /workflows/runs/<run_id>/human-input`` (our route before form tokens, kept as an alias):
     answer the open form of a paused run with ``{"user", "inputs", "action"?}``.
 
     Raises:
         InvalidParamError: (400 ``invalid_param``) a malformed body, or inputs that do not match the form.
-        NotFoundError: (404 ``workflow_run_not_found``) no such run of this app and user.
+        NotFoundError: (404 ``not_found``) no such run of this app and user.
         ConflictError: (409 ``workflow_not_paused``) the run is not waiting for a form.
     """
     if not isinstance(payload, Mapping):

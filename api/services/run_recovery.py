@@ -94,6 +94,7 @@ def finished_event_of(run: WorkflowRun) -> dict[str, Any]:
         tokens=run.total_tokens or 0,
         created_at=run.created_timestamp,
         finished_at=run.finished_timestamp,
+        user=run.end_user,
     )
 
 

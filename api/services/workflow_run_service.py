@@ -18,6 +18,8 @@ from api.core.app.apps.message_generator import MessageGenerator, StartAt
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, DurableStreamError
 from api.core.workflow import Graph
+from api.core.workflow.events import created_by
+from api.core.workflow.forms import pause_reason
 from api.extensions.ext_event_bus import event_transport
 from api.libs.errors import (
     STREAM_FAILED_RUN,
@@ -30,7 +32,8 @@ from api.libs.errors import (
 from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
-from . import run_recovery, task_queue
+from . import end_user_service, file_service, limits, run_recovery, task_queue
+from .app_info_service import WORKFLOW_FILE_UPLOAD_LIMIT
 from .validation import could_be_our_id, require_user
 
 logger = logging.getLogger(__name__)
@@ -48,7 +51,12 @@ def topic_name(app: App, run: WorkflowRun) -> str:
 
 
 def parse_run_request(app: App, payload: Any) -> tuple[dict[str, Any], str, str]:
-    """Validate ``{"inputs", "user", "response_mode"}``; return them."""
+    """Validate ``{"inputs", "user", "response_mode"}``; return them (file inputs resolved), the end
+    user recorded.
+
+    Raises:
+        InvalidParamError: (400 ``invalid_param``) a malformed body, a missing input, a bad file input.
+    """
     if not isinstance(payload, Mapping):
         raise InvalidParamError("the request body must be a JSON object")
     inputs = payload.get("inputs", {})
@@ -59,14 +67,40 @@ def parse_run_request(app: App, payload: Any) -> tuple[dict[str, Any], str, str]
     if mode not in RESPONSE_MODES:
         raise InvalidParamError(f"'response_mode' must be one of {', '.join(RESPONSE_MODES)}")
     start = Graph(app.graph).start
+    checked = dict(inputs)
     for variable in start.config.get("variables", []):
-        if variable.get("required", False) and variable["name"] not in inputs and "default" not in variable:
-            raise InvalidParamError(f"input {variable['name']!r} is required")
-    return dict(inputs), user, mode
+        name = variable["name"]
+        if variable.get("required", False) and name not in inputs and "default" not in variable:
+            raise InvalidParamError(f"input {name!r} is required")
+        if name in inputs and variable.get("type") in ("file", "file-list"):
+            checked[name] = _file_input(app, variable, inputs[name])
+    end_user_service.ensure(app, user)
+    return checked, user, mode
+
+
+def _file_input(app: App, variable: Mapping[str, Any], value: Any) -> Any:
+    """A file input of a run (Dify's ``InputFileObject``, or a list of them), its uploads resolved.
+
+    Raises:
+        InvalidParamError: not a file object (list), more files than the variable takes, or an upload
+            this app does not have.
+    """
+    name = variable["name"]
+    if variable["type"] == "file":
+        return file_service.resolve(app, value, f"input {name!r}")
+    limit = variable.get("number_limits") or WORKFLOW_FILE_UPLOAD_LIMIT
+    if not isinstance(value, list) or len(value) > limit:
+        raise InvalidParamError(f"input {name!r} must be a list of at most {limit} file objects")
+    return [file_service.resolve(app, item, f"input {name!r}") for item in value]
 
 
 def new_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
-    """A run row, added to the session but not committed."""
+    """A run row, added to the session but not committed.
+
+    Raises:
+        TooManyRequestsError: (429) the app has ``APP_MAX_ACTIVE_REQUESTS`` runs active (``limits``).
+    """
+    limits.check_active_runs(app)
     run = WorkflowRun(
         app_id=app.id,
         end_user=user,
@@ -180,9 +214,14 @@ def checked(app: App, run: WorkflowRun) -> WorkflowRun:
 
 
 def blocking_response(run: WorkflowRun) -> dict[str, Any]:
-    """Dify's CompletionResponse; a paused run's also names the paused nodes and the forms they wait for."""
+    """Dify's blocking answer (``WorkflowFinishedData``, as in ``workflow_finished``); a paused run's also
+    names the paused nodes and the forms they wait for."""
     detail = run_detail(run)
     data = {key: detail[key] for key in _BLOCKING_FIELDS}
+    data["outputs"] = run.outputs  # null when there are none, as in the run's workflow_finished
+    data["created_by"] = created_by(run.app_id, run.end_user)
+    data["exceptions_count"] = 0
+    data["files"] = []
     if run.status == WorkflowRunStatus.PAUSED.value:
         data.update(pause_details(run))
     return {"workflow_run_id": run.id, "task_id": run.task_id, "data": data}
@@ -206,17 +245,19 @@ def pause_details(run: WorkflowRun) -> dict[str, Any]:
     """``paused_nodes`` and ``reasons`` of a paused run, as its ``workflow_paused`` event told them."""
     state = run.state_after_pause()
     form = state.get("form")
-    reasons = [] if form is None else [{**form, "type": "human_input_required"}]
+    reasons = [] if form is None else [pause_reason(form)]
     return {"paused_nodes": [state["node_id"]], "reasons": reasons}
 
 
 def run_detail(run: WorkflowRun) -> dict[str, Any]:
+    """``GET /workflows/run/<id>`` as Dify answers it: ``inputs`` is the inputs' JSON text (clients parse
+    it), ``outputs`` an object (``{}`` until the run has any: running, paused, stopped, failed)."""
     return {
         "id": run.id,
         "workflow_id": run.app_id,
         "status": run.status,
-        "inputs": run.inputs,
-        "outputs": run.outputs,
+        "inputs": json.dumps(run.inputs),
+        "outputs": run.outputs or {},
         "error": run.error,
         "total_steps": run.total_steps,
         "total_tokens": run.total_tokens or 0,
@@ -226,36 +267,77 @@ def run_detail(run: WorkflowRun) -> dict[str, Any]:
     }
 
 
+def run_not_found() -> NotFoundError:
+    """Dify's 404 for a run or task it does not know (``not_found``, as its reference documents)."""
+    return NotFoundError("Workflow run not found.", code="not_found")
+
+
 def get_run(app: App, run_id: str, user: str | None) -> WorkflowRun:
+    """The app's run ``run_id`` (``user``'s, if given).
+
+    Raises:
+        NotFoundError: (404 ``not_found``) no such run of this app (and user).
+    """
     if user is not None:
         require_user(user)
     if not could_be_our_id(run_id):
-        raise NotFoundError("workflow run not found", code="workflow_run_not_found")
+        raise run_not_found()
     run = db.session.get(WorkflowRun, run_id)
     if run is None or run.app_id != app.id or (user is not None and run.end_user != user):
-        raise NotFoundError("workflow run not found", code="workflow_run_not_found")
+        raise run_not_found()
     return run
 
 
-def get_run_by_task(app: App, task_id: str, user: str | None, *, or_run_id: bool = False) -> WorkflowRun:
-    """The run of ``task_id``; with ``or_run_id``, ``task_id`` may also be the run's own id (Dify's
+def find_run_by_task(app: App, task_id: str, *, or_run_id: bool = False) -> WorkflowRun | None:
+    """The app's run of ``task_id``; with ``or_run_id``, ``task_id`` may also be the run's own id (Dify's
     ``/workflow/<workflow_run_id>/events`` names the run, our earlier clients its task)."""
-    if user is not None:
-        require_user(user)
     if not could_be_our_id(task_id):
-        raise NotFoundError("task not found", code="task_not_found")
+        return None
     matches = WorkflowRun.task_id == task_id
     if or_run_id:
         matches = or_(matches, WorkflowRun.id == task_id)
     run = db.session.execute(select(WorkflowRun).where(matches).limit(1)).scalars().first()
-    if run is None or run.app_id != app.id or (user is not None and run.end_user != user):
-        raise NotFoundError("task not found", code="task_not_found")
+    return run if run is not None and run.app_id == app.id else None
+
+
+def get_run_by_task(app: App, task_id: str, user: str | None, *, or_run_id: bool = False) -> WorkflowRun:
+    """``find_run_by_task``, for ``user`` if given.
+
+    Raises:
+        NotFoundError: (404 ``not_found``) no such run of this app and user.
+    """
+    if user is not None:
+        require_user(user)
+    run = find_run_by_task(app, task_id, or_run_id=or_run_id)
+    if run is None or (user is not None and run.end_user != user):
+        raise run_not_found()
     return run
 
 
-def stop_run(app: App, task_id: str, user: str) -> None:
-    """Stop a run owned by ``user``. Idempotent; a paused run is ended here, a running one by its worker."""
-    run = get_run_by_task(app, task_id, user)
+def strict_end_users() -> bool:
+    """``STRICT_END_USER_ACCESS``: only a run's own end user may stop it or answer its forms."""
+    return _config().STRICT_END_USER_ACCESS
+
+
+def stop_run(app: App, task_id: str, user: str, *, own_runs_only: bool = False) -> None:
+    """Stop the app's run of ``task_id``, whoever of the app's end users asks (Dify: "the stop applies to
+    the task regardless of ``user``"). An unknown or finished task is a success too, as Dify answers it.
+    With ``own_runs_only`` (the web app, whose end users are its visitors) or ``STRICT_END_USER_ACCESS``,
+    only ``user``'s own runs. Idempotent; a paused run is ended here, a running one by its worker.
+
+    Raises:
+        NotFoundError: (404 ``not_found``) only the user's own runs may be stopped, and this is none.
+    """
+    if own_runs_only:
+        run: WorkflowRun | None = get_run_by_task(app, task_id, user)
+    else:
+        require_user(user)
+        run = find_run_by_task(app, task_id)
+        if run is None:
+            return
+        if strict_end_users() and run.end_user != user:
+            raise run_not_found()
+    assert run is not None
     if run.run_status.is_terminal:
         return
     run_store.request_stop(run.id)

@@ -43,8 +43,10 @@ def test_beat_scheduled_retention_removes_expired_events_and_a_late_client_gets_
     env = base_env(
         tmp_path,
         DURABLE_STREAM_MAX_AGE_SECONDS=MAX_AGE,
-        # Only beat sweeps: the worker's own reaper thread (reaping and retention) is off.
+        # Only beat sweeps: the worker's own reaper thread (reaping and retention) and the API workers'
+        # reaper are off (on a busy machine the API's sweep could reach the orphan before beat does).
         WORKFLOW_REAPER_INTERVAL=0,
+        API_REAPER_INTERVAL=0,
         DURABLE_STREAM_RETENTION_INTERVAL=0,
         BEAT_RETENTION_INTERVAL=1,
         BEAT_REAPER_INTERVAL=1,

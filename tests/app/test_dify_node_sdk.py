@@ -61,10 +61,12 @@ NODE_STARTED_KEYS = {
     "index",
     "predecessor_node_id",
     "inputs",
+    "inputs_truncated",
     "created_at",
     "extras",
     "iteration_id",
     "loop_id",
+    "agent_strategy",
 }
 NODE_FINISHED_KEYS = {
     "id",
@@ -74,8 +76,11 @@ NODE_FINISHED_KEYS = {
     "index",
     "predecessor_node_id",
     "inputs",
+    "inputs_truncated",
     "process_data",
+    "process_data_truncated",
     "outputs",
+    "outputs_truncated",
     "status",
     "error",
     "elapsed_time",
@@ -86,7 +91,8 @@ NODE_FINISHED_KEYS = {
     "iteration_id",
     "loop_id",
 }
-LLM_METADATA_KEYS = {"total_tokens", "prompt_tokens", "completion_tokens", "total_price", "currency"}
+#: Dify's execution metadata takes only its own keys (``WorkflowNodeExecutionMetadataKey``).
+LLM_METADATA_KEYS = {"total_tokens", "total_price", "currency"}
 WORKFLOW_FINISHED_KEYS = {
     "id",
     "workflow_id",
@@ -98,6 +104,7 @@ WORKFLOW_FINISHED_KEYS = {
     "total_steps",
     "created_at",
     "finished_at",
+    "created_by",
     "exceptions_count",
     "files",
 }
@@ -112,6 +119,7 @@ HUMAN_INPUT_REQUIRED_KEYS = {
     "form_token",
     "resolved_default_values",
     "expiration_time",
+    "approval_channels",
 }
 WORKFLOW_PAUSED_KEYS = {
     "workflow_run_id",
@@ -276,7 +284,8 @@ def check_human_input_required(data: Mapping[str, Any]) -> None:
     assert not missing, f"human_input_required lacks {missing}: {data}"
     assert data["node_id"] == "approve" and data["node_title"] == "Approve the greeting", data
     fields = {field.get("output_variable_name"): field for field in data["inputs"]}
-    assert fields.get("approved", {}).get("type") == "boolean", data["inputs"]
+    assert fields.get("approved", {}).get("type") == "select", data["inputs"]
+    assert fields["approved"]["option_source"]["value"] == ["true", "false"], data["inputs"]
     assert [action.get("id") for action in data["actions"]] == ["submit"], data["actions"]
     assert all({"id", "title", "button_style"} <= set(action) for action in data["actions"]), data["actions"]
     assert isinstance(data["form_token"], str) and data["form_token"], data
@@ -349,7 +358,7 @@ def test_streaming_run_reads_as_a_dify_event_stream(stack: Stack) -> None:
     assert final["total_tokens"] == blocking["body"]["data"]["total_tokens"], "same inputs, same token count"
     llm = next(data for data in finished if data["node_type"] == "llm")
     metadata = llm["execution_metadata"]
-    assert isinstance(metadata, dict) and not lacks(metadata, LLM_METADATA_KEYS), metadata
+    assert isinstance(metadata, dict) and set(metadata) == LLM_METADATA_KEYS, metadata
     assert metadata["total_tokens"] == final["total_tokens"], "the run's tokens are its one model's"
     assert all(data["execution_metadata"] is None for data in finished if data["node_type"] != "llm")
 
@@ -384,7 +393,7 @@ def test_human_input_form_pauses_and_resumes_the_run(stack: Stack) -> None:
     missing = lacks(paused, WORKFLOW_PAUSED_KEYS)
     assert not missing, f"workflow_paused lacks {missing}: {paused}"
     assert paused["status"] == "paused" and paused["paused_nodes"] == ["approve"], paused
-    assert [reason.get("type") for reason in paused["reasons"]] == ["human_input_required"], paused["reasons"]
+    assert [reason.get("TYPE") for reason in paused["reasons"]] == ["human_input_required"], paused["reasons"]
     assert paused["reasons"][0].get("form_token") == required["form_token"], paused["reasons"]
     ran_through(report)
 
@@ -410,7 +419,7 @@ def test_human_input_form_pauses_and_resumes_the_run(stack: Stack) -> None:
     assert len(filled) == 1 and filled[0]["node_id"] == "approve", filled
     assert filled[0]["action_id"] == report["submitted_action"] == "submit", filled
     approve = [data for data in of(resumed, "node_finished") if data["node_id"] == "approve"]
-    assert len(approve) == 1 and approve[0]["outputs"].get("approved") is True, approve
+    assert len(approve) == 1 and approve[0]["outputs"].get("approved") == "true", approve
     final = resumed[-1]["data"]
     check_workflow_finished(final, "succeeded")
     assert final["id"] == run_id
@@ -455,3 +464,117 @@ def test_a_typed_python_client_reads_details_and_stops_runs(stack: Stack) -> Non
     assert isinstance(detail.elapsed_time, float) and isinstance(detail.created_at, int)
     assert isinstance(detail.finished_at, int) and detail.inputs == {"name": "Ada"}
     client.close()
+
+
+def test_dify_s_typed_python_client_makes_every_workflow_call(stack: Stack) -> None:
+    """``dify-client-python`` (Dify's typed client, unchanged), through every workflow call it offers: a
+    blocking and a streaming run (one that pauses for a form too), a stop (by another end user, and of
+    an unknown task), a file upload, the speech calls, and the same run and stop from its async client.
+    Each answer is parsed by the client's own models; a field they would choke on fails here."""
+    import asyncio
+
+    from dify_client import AsyncClient, Client, errors, models
+    from dify_client import _clientx as clientx
+
+    client = Client(api_key=stack.keys["greeting"], api_base=stack.base_url)
+    user = f"typed-{uuid.uuid4().hex[:8]}"
+
+    def run(mode: models.ResponseMode, **inputs: str) -> Any:
+        request = models.WorkflowsRunRequest(inputs={"name": "Ada", **inputs}, response_mode=mode, user=user)
+        return client.run_workflows(request)
+
+    blocking = run(models.ResponseMode.BLOCKING)
+    assert isinstance(blocking, models.WorkflowsRunResponse) and blocking.data.status == "succeeded"
+    assert blocking.data.outputs == {"greeting": GREETING_TEXT} and blocking.data.created_by["user"] == user
+    assert blocking.data.total_tokens and blocking.data.total_tokens > 0
+
+    streamed = list(run(models.ResponseMode.STREAMING))
+    kinds = [str(event.event) for event in streamed]
+    assert kinds[0] == "workflow_started" and kinds[-1] == "workflow_finished", kinds
+    # The client hands most workflow events' data over as a dict (its union ends in a Dict member);
+    # each is parsed here with the client's own model of its kind.
+    typed = {
+        "workflow_started": models.WorkflowStartedData,
+        "node_started": models.NodeStartedData,
+        "node_finished": models.NodeFinishedData,
+        "workflow_finished": models.WorkflowFinishedData,
+    }
+    parsed = [
+        typed[kind].model_validate(event.data, from_attributes=True)
+        for kind, event in zip(kinds, streamed, strict=True)
+        if kind in typed
+    ]
+    finished_nodes = [data for data in parsed if isinstance(data, models.NodeFinishedData)]
+    llm = next(data for data in finished_nodes if data.node_type == "llm")
+    assert llm.execution_metadata is not None and llm.execution_metadata.total_tokens == blocking.data.total_tokens
+    assert llm.outputs_truncated is False and llm.inputs_truncated is False
+    text = "".join(event.data.text for event in streamed if isinstance(event, models.TextChunkStreamResponse))
+    assert text == GREETING_TEXT
+    assert isinstance(parsed[-1], models.WorkflowFinishedData) and parsed[-1].status == "succeeded"
+
+    paused = list(run(models.ResponseMode.STREAMING, mood="formal"))
+    assert [str(event.event) for event in paused][-2:] == ["human_input_required", "workflow_paused"]
+    form = paused[-2].data
+    assert isinstance(form, dict) and form["inputs"][0]["type"] == "select" and form["approval_channels"] == []
+    assert paused[-1].data["reasons"][0]["TYPE"] == "human_input_required"
+
+    slow = Client(api_key=stack.keys["slow"], api_base=stack.base_url)
+    started = requests.post(
+        f"{stack.base_url}/workflows/run",
+        json={"inputs": {"name": "Ada"}, "user": user, "response_mode": "async"},
+        headers={"Authorization": f"Bearer {stack.keys['slow']}"},
+        timeout=30,
+    ).json()
+    # Any end user of the app may stop its task; an unknown task is a success too.
+    assert slow.stop_workflows(started["task_id"], models.StopRequest(user="someone else")).result == "success"
+    assert slow.stop_workflows(str(uuid.uuid4()), models.StopRequest(user=user)).result == "success"
+    detail = f"{stack.base_url}/workflows/run/{started['workflow_run_id']}"
+    headers = {"Authorization": f"Bearer {stack.keys['slow']}"}
+    deadline = time.monotonic() + 30
+    while (status := requests.get(detail, headers=headers, timeout=30).json()["status"]) == "running":
+        assert time.monotonic() < deadline, "the run never stopped"
+        time.sleep(0.05)
+    assert status == "stopped"
+
+    uploaded = client.upload_files(("notes.txt", b"hello", "text/plain"), models.UploadFileRequest(user=user))
+    assert isinstance(uploaded, models.UploadFileResponse) and (uploaded.name, uploaded.size) == ("notes.txt", 5)
+    with pytest.raises(errors.DifyAPIError) as speech:
+        client.audio_to_text(("a.mp3", b"ID3", "audio/mpeg"), models.AudioToTextRequest(user=user))
+    assert (speech.value.status, speech.value.code) == (400, "speech_to_text_disabled")
+    with pytest.raises(errors.DifyInvalidParam):
+        client.text_to_audio(models.TextToAudioRequest(text="hi", user=user))
+
+    async def async_calls() -> tuple[Any, Any]:
+        async_client = AsyncClient(api_key=stack.keys["greeting"], api_base=stack.base_url)
+        request = models.WorkflowsRunRequest(
+            inputs={"name": "Ada"}, response_mode=models.ResponseMode.BLOCKING, user=user
+        )
+        try:
+            answer = await async_client.arun_workflows(request)
+            stop = await async_client.astop_workflows(answer.task_id, models.StopRequest(user=user))
+        finally:
+            await clientx._async_httpx_client.aclose()  # bound to this event loop, which ends here
+        return answer, stop
+
+    try:
+        answer, stop = asyncio.run(async_calls())
+    finally:
+        clientx._httpx_client.close()  # the client's module-wide pool: no socket outlives the test
+    assert answer.data.status == "succeeded" and stop.result == "success"
+
+
+def test_the_node_sdk_reads_parameters_uploads_and_is_told_a_workflow_app_is_no_chat_app(stack: Stack) -> None:
+    report = drive(stack, "greeting", "app")
+    ran_through(report)
+    parameters = report["parameters"]
+    assert parameters["status"] == 200, parameters
+    assert [next(iter(item)) for item in parameters["body"]["user_input_form"]] == ["text-input", "text-input"]
+    assert [item["text-input"]["variable"] for item in parameters["body"]["user_input_form"]] == ["name", "mood"]
+    upload = report["upload"]
+    assert upload["status"] == 201, upload
+    assert (upload["body"]["name"], upload["body"]["size"], upload["body"]["mime_type"]) == (
+        "node.txt",
+        15,
+        "text/plain",
+    )
+    assert report["chat"]["status"] == 400 and report["chat"]["body"]["code"] == "not_chat_app", report["chat"]

@@ -68,12 +68,12 @@ def test_if_else_takes_the_true_branch_and_pauses_for_human_input() -> None:
     assert form["actions"] == [{"id": "submit", "title": "Submit", "button_style": "primary"}]
     assert len(form["form_token"]) == 22 and form["expiration_time"] > time.time() + 2 * 24 * 3600
     paused = events[-1]["data"]
-    assert paused["paused_nodes"] == ["approve"] and paused["reasons"] == [{**form, "type": "human_input_required"}]
+    assert paused["paused_nodes"] == ["approve"] and paused["reasons"] == [{"TYPE": "human_input_required", **form}]
     assert paused["status"] == "paused" and paused["total_tokens"] > 0
     assert engine.outcome is not None and engine.outcome.status == "paused"
     state = json.loads(json.dumps(engine.outcome.state))  # the state survives a trip through the database
 
-    submission = {"kind": "submission", "inputs": {"approved": True}, "action": "submit"}
+    submission = {"kind": "submission", "inputs": {"approved": "true"}, "action": "submit"}
     _resumed, more = run_engine(GREETING, {"name": "Ada", "mood": "formal"}, resume=ResumePoint(state, submission))
     assert names(more)[:4] == ["workflow_started", "node_started", "human_input_form_filled", "node_finished"]
     assert more[0]["data"]["reason"] == "resumption"
@@ -120,9 +120,14 @@ def test_nodes_say_where_the_engine_came_from_what_they_read_and_spent() -> None
     assert started[1]["inputs"] == {"start.mood": "cheerful", "start.name": "Ada"}
     llm = next(e["data"] for e in events if e["event"] == "node_finished" and e["data"]["node_id"] == "draft")
     chunks = [e for e in events if e["event"] == "text_chunk"]
-    usage = llm["execution_metadata"]
+    # Dify's execution metadata has its own keys only; the split of the tokens is the model's usage.
+    assert set(llm["execution_metadata"]) == {"total_tokens", "total_price", "currency"}
+    usage = llm["process_data"]["usage"]
     assert usage["completion_tokens"] == len(chunks) and usage["prompt_tokens"] > 0
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert llm["execution_metadata"]["total_tokens"] == usage["total_tokens"]
+    assert (llm["inputs_truncated"], llm["process_data_truncated"], llm["outputs_truncated"]) == (False,) * 3
+    assert all(s["inputs_truncated"] is False and s["agent_strategy"] is None for s in started)
     assert llm["process_data"]["prompts"][0]["text"] == "Write a cheerful greeting for Ada"
     assert events[-1]["data"]["total_tokens"] == usage["total_tokens"]
     first = events[0]["data"]
@@ -199,13 +204,30 @@ def test_cycles_are_refused() -> None:
 def test_form_defaults_are_resolved_to_strings_as_dify_clients_read_them() -> None:
     graph = copy.deepcopy(GREETING)
     graph["nodes"][3]["form"] = [
-        {"name": "approved", "type": "boolean", "default": False},
+        {"name": "approved", "type": "boolean", "default": False},  # a graph of before Dify's types
         {"name": "note", "default": "ok"},
+        {"name": "who", "type": "paragraph", "default": {"type": "variable", "selector": ["start", "name"]}},
     ]
     _, events = run_engine(graph, {"name": "Ada", "mood": "formal"})
     form = events[-2]["data"]
-    assert form["resolved_default_values"] == {"approved": "false", "note": "ok"}
-    assert form["inputs"][0]["default"] == {"type": "constant", "value": False}
+    assert form["resolved_default_values"] == {"approved": "false", "note": "ok", "who": "Ada"}
+    assert form["inputs"] == [
+        {
+            "output_variable_name": "approved",
+            "type": "select",
+            "option_source": {"type": "constant", "selector": [], "value": ["true", "false"]},
+        },
+        {
+            "output_variable_name": "note",
+            "type": "paragraph",
+            "default": {"type": "constant", "selector": [], "value": "ok"},
+        },
+        {
+            "output_variable_name": "who",
+            "type": "paragraph",
+            "default": {"type": "variable", "selector": ["start", "name"], "value": ""},
+        },
+    ]
 
 
 def test_form_tokens_never_begin_with_a_dash() -> None:

@@ -151,12 +151,12 @@ def _hostile_identifier_requests(t: Target) -> dict[str, tuple[HttpRequest, int,
             f"detail ?user {name}": (
                 get(f"/v1/workflows/run/{run.run_id}?user={quote(bad, errors='surrogatepass')}", key),
                 400 if name != "surrogate" else 404,  # a query string decodes a lone surrogate to U+FFFD
-                "invalid_param" if name != "surrogate" else "workflow_run_not_found",
+                "invalid_param" if name != "surrogate" else "not_found",
             ),
             f"events ?user {name}": (
                 get(f"/v1/workflow/{run.task_id}/events?user={quote(bad, errors='surrogatepass')}", key),
                 400 if name != "surrogate" else 404,
-                "invalid_param" if name != "surrogate" else "task_not_found",
+                "invalid_param" if name != "surrogate" else "not_found",
             ),
         }
     for name, bad in {
@@ -166,25 +166,26 @@ def _hostile_identifier_requests(t: Target) -> dict[str, tuple[HttpRequest, int,
     }.items():
         segment = quote(bad)
         requests |= {
-            f"detail id {name}": (get(f"/v1/workflows/run/{segment}?user={user}", key), 404, "workflow_run_not_found"),
-            f"events id {name}": (get(f"/v1/workflow/{segment}/events?user={user}", key), 404, "task_not_found"),
+            f"detail id {name}": (get(f"/v1/workflows/run/{segment}?user={user}", key), 404, "not_found"),
+            f"events id {name}": (get(f"/v1/workflow/{segment}/events?user={user}", key), 404, "not_found"),
+            # Dify answers a stop of a task it does not know as a success.
             f"stop id {name}": (
                 post_json(f"/v1/workflows/tasks/{segment}/stop", key, json.dumps({"user": t.user})),
-                404,
-                "task_not_found",
+                200,
+                None,
             ),
             f"human-input id {name}": (
                 post_json(f"/v1/workflows/runs/{segment}/human-input", key, json.dumps({"user": t.user, "inputs": {}})),
                 404,
-                "workflow_run_not_found",
+                "not_found",
             ),
-            f"web events id {name}": (get(f"/api/workflow/{segment}/events", t.passport), 404, "task_not_found"),
+            f"web events id {name}": (get(f"/api/workflow/{segment}/events", t.passport), 404, "not_found"),
             f"web stop id {name}": (
                 HttpRequest(
                     "POST", f"/api/workflows/tasks/{segment}/stop", (("Authorization", f"Bearer {t.passport}"),)
                 ),
                 404,
-                "task_not_found",
+                "not_found",
             ),
         }
     detail = f"/v1/workflows/run/{run.run_id}?user={user}"

@@ -58,7 +58,8 @@ def test_a_form_is_read_and_answered_by_its_token(harness: AppHarness, greeting:
     data = paused["data"]
     assert data["paused_nodes"] == ["approve"] and data["finished_at"] is None
     (reason,) = data["reasons"]
-    assert reason["type"] == "human_input_required" and reason["node_id"] == "approve"
+    assert reason["TYPE"] == "human_input_required" and reason["node_id"] == "approve"
+    assert reason["approval_channels"] == [] and "type" not in reason
     token = reason["form_token"]
 
     shown = harness.get(form_path(token), key)
@@ -69,12 +70,12 @@ def test_a_form_is_read_and_answered_by_its_token(harness: AppHarness, greeting:
     )
     assert [field["output_variable_name"] for field in shown.json["inputs"]] == ["approved", "note"]
 
-    answered = harness.post(form_path(token), key, {"inputs": {"approved": True}, "action": "submit", "user": "u1"})
+    answered = harness.post(form_path(token), key, {"inputs": {"approved": "true"}, "action": "submit", "user": "u1"})
     assert answered.status_code == 200 and answered.json == {}
     detail = wait_for_status(harness, key, paused["workflow_run_id"], "u1", {"succeeded"})
     assert detail["outputs"]["greeting"].endswith("(approved: true)") and detail["total_tokens"] > 0
 
-    again = harness.post(form_path(token), key, {"inputs": {"approved": True}, "action": "submit", "user": "u1"})
+    again = harness.post(form_path(token), key, {"inputs": {"approved": "true"}, "action": "submit", "user": "u1"})
     assert again.status_code == 412 and again.json["code"] == "human_input_form_submitted"
     assert harness.get(form_path(token), key).json["code"] == "human_input_form_submitted"
     events = harness.events(paused["workflow_run_id"])
@@ -87,18 +88,17 @@ def test_refusals_leave_the_form_open(harness: AppHarness, greeting: dict[str, s
     paused = pause(harness, key, user="owner")
     token = paused["data"]["reasons"][0]["form_token"]
     other_app = harness.create_app("greeting")["api_key"]
-    good = {"inputs": {"approved": False}, "action": "submit", "user": "owner"}
+    good = {"inputs": {"approved": "false"}, "action": "submit", "user": "owner"}
 
     refused: list[tuple[str, Any, Any, int, str]] = [
         ("unknown token", form_path("nope"), good, 404, "not_found"),
         ("hostile token", form_path("x" * 300), good, 404, "not_found"),
         ("token with a NUL", form_path("abc%00def"), good, 404, "not_found"),
-        ("another user", form_path(token), {**good, "user": "intruder"}, 404, "not_found"),
         ("a wrong type", form_path(token), {**good, "inputs": {"approved": "yes"}}, 400, "invalid_form_data"),
         ("a missing field", form_path(token), {**good, "inputs": {}}, 400, "invalid_form_data"),
         ("an unknown action", form_path(token), {**good, "action": "launch"}, 400, "invalid_form_data"),
         ("inputs not an object", form_path(token), {**good, "inputs": [1]}, 400, "invalid_form_data"),
-        ("no user", form_path(token), {"inputs": {"approved": True}, "action": "submit"}, 400, "invalid_param"),
+        ("no user", form_path(token), {"inputs": {"approved": "true"}, "action": "submit"}, 400, "invalid_param"),
         ("a body that is a list", form_path(token), [], 400, "invalid_param"),
     ]
     for what, path, body, status, code in refused:
@@ -110,15 +110,32 @@ def test_refusals_leave_the_form_open(harness: AppHarness, greeting: dict[str, s
     detail = harness.get(f"/v1/workflows/run/{paused['workflow_run_id']}?user=owner", key).json
     assert detail["status"] == "paused"
     # The action may be left out: the form's first one is taken.
-    assert harness.post(form_path(token), key, {"inputs": {"approved": False}, "user": "owner"}).status_code == 200
+    assert harness.post(form_path(token), key, {"inputs": {"approved": "false"}, "user": "owner"}).status_code == 200
     wait_for_status(harness, key, paused["workflow_run_id"], "owner", {"succeeded"})
+
+
+def test_any_end_user_of_the_app_answers_and_the_first_answer_wins(
+    harness: AppHarness, greeting: dict[str, str]
+) -> None:
+    key = greeting["api_key"]
+    paused = pause(harness, key, user="owner")
+    token = paused["data"]["reasons"][0]["form_token"]
+    answer = {"inputs": {"approved": "true", "note": "seen"}, "action": "submit", "user": "a reviewer"}
+    assert harness.post(form_path(token), key, answer).status_code == 200
+    late = harness.post(form_path(token), key, {**answer, "user": "owner"})
+    assert (late.status_code, late.json["code"]) == (412, "human_input_form_submitted")
+    wait_for_status(harness, key, paused["workflow_run_id"], "owner", {"succeeded"})
+    filled = next(
+        e["data"] for e in harness.events(paused["workflow_run_id"]) if e["event"] == "human_input_form_filled"
+    )
+    assert filled["submitted_data"] == {"approved": "true", "note": "seen"}
 
 
 def test_two_answers_at_once_resume_the_run_once(harness: AppHarness, greeting: dict[str, str]) -> None:
     key = greeting["api_key"]
     paused = pause(harness, key)
     token = paused["data"]["reasons"][0]["form_token"]
-    body = {"inputs": {"approved": True}, "action": "submit", "user": "u1"}
+    body = {"inputs": {"approved": "true"}, "action": "submit", "user": "u1"}
 
     def answer(_: int) -> tuple[int, str | None]:
         with harness.app.test_client() as client:
@@ -139,7 +156,7 @@ def test_a_stopped_runs_form_is_expired(harness: AppHarness, greeting: dict[str,
     paused = pause(harness, key)
     token = paused["data"]["reasons"][0]["form_token"]
     assert harness.post(f"/v1/workflows/tasks/{paused['task_id']}/stop", key, {"user": "u1"}).status_code == 200
-    late = harness.post(form_path(token), key, {"inputs": {"approved": True}, "action": "submit", "user": "u1"})
+    late = harness.post(form_path(token), key, {"inputs": {"approved": "true"}, "action": "submit", "user": "u1"})
     assert late.status_code == 412 and late.json["code"] == "human_input_form_expired"
 
 
@@ -152,7 +169,7 @@ def test_an_answer_while_the_queue_is_down_is_503_and_the_run_ends(
     # Another API process on the same data whose broker is gone.
     cut_off = AppHarness({**harness.env, "CELERY_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"}, None)
     try:
-        answer = cut_off.post(form_path(token), key, {"inputs": {"approved": True}, "action": "submit", "user": "u1"})
+        answer = cut_off.post(form_path(token), key, {"inputs": {"approved": "true"}, "action": "submit", "user": "u1"})
         assert answer.status_code == 503 and answer.json["code"] == "queue_unavailable", answer.json
     finally:
         cut_off.close()
@@ -160,7 +177,7 @@ def test_an_answer_while_the_queue_is_down_is_503_and_the_run_ends(
     assert detail["error"] == "could not dispatch the run"
     wait_until(lambda: harness.topic_info(paused["workflow_run_id"]).sealed, 10, "the failed run's end")
     assert harness.events(paused["workflow_run_id"])[-1]["data"]["status"] == "failed"
-    again = harness.post(form_path(token), key, {"inputs": {"approved": True}, "action": "submit", "user": "u1"})
+    again = harness.post(form_path(token), key, {"inputs": {"approved": "true"}, "action": "submit", "user": "u1"})
     assert again.status_code == 412, "the answer was taken; the run it would resume has ended"
 
 
@@ -172,7 +189,7 @@ def test_actions_of_the_node_are_the_buttons(harness: AppHarness) -> None:
     shown = harness.get(form_path(token), key).json
     assert [a["id"] for a in shown["user_actions"]] == ["approve", "reject"]
     assert shown["user_actions"][1]["button_style"] == "default"
-    answer = harness.post(form_path(token), key, {"inputs": {"approved": False}, "action": "reject", "user": "u1"})
+    answer = harness.post(form_path(token), key, {"inputs": {"approved": "false"}, "action": "reject", "user": "u1"})
     assert answer.status_code == 200
     wait_for_status(harness, key, paused["workflow_run_id"], "u1", {"succeeded"})
     filled = next(
@@ -195,7 +212,7 @@ def test_the_web_app_answers_forms_of_its_own_end_user(harness: AppHarness) -> N
     foreign = {"Authorization": f"Bearer {other['access_token']}"}
     assert harness.client.get(f"/api/form/human_input/{token}", headers=foreign).status_code == 404
     assert harness.client.get(f"/api/form/human_input/{token}", headers=auth).status_code == 200
-    body = {"inputs": {"approved": True}, "action": "submit"}
+    body = {"inputs": {"approved": "true"}, "action": "submit"}
     assert harness.client.post(f"/api/form/human_input/{token}", json=body, headers=foreign).status_code == 404
     answered = harness.client.post(f"/api/form/human_input/{token}", json=body, headers=auth)
     assert answered.status_code == 200 and answered.json == {}
@@ -219,7 +236,7 @@ def test_an_unanswered_form_expires_and_its_run_fails_with_the_timeout(
     assert names[-3:] == ["human_input_form_timeout", "node_finished", "workflow_finished"]
     assert events[-3]["data"]["expiration_time"] == expiration
     token = paused["data"]["reasons"][0]["form_token"]
-    late = harness.post(form_path(token), key, {"inputs": {"approved": True}, "action": "submit", "user": "u1"})
+    late = harness.post(form_path(token), key, {"inputs": {"approved": "true"}, "action": "submit", "user": "u1"})
     assert late.status_code == 412 and late.json["code"] == "human_input_form_expired"
 
 
@@ -243,9 +260,9 @@ def test_the_old_route_answers_the_open_form(harness: AppHarness, greeting: dict
     key = greeting["api_key"]
     paused = pause(harness, key)
     run_id = paused["workflow_run_id"]
-    ok = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u1", "inputs": {"approved": True}})
+    ok = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u1", "inputs": {"approved": "true"}})
     assert ok.status_code == 200 and ok.json["task_id"] == paused["task_id"]
     wait_for_status(harness, key, run_id, "u1", {"succeeded"})
     token = paused["data"]["reasons"][0]["form_token"]
-    late = harness.post(form_path(token), key, {"inputs": {"approved": True}, "user": "u1"})
+    late = harness.post(form_path(token), key, {"inputs": {"approved": "true"}, "user": "u1"})
     assert late.status_code == 412 and late.json["code"] == "human_input_form_submitted"

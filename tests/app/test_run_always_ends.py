@@ -297,7 +297,7 @@ def test_duplicate_and_stale_deliveries_run_nothing(harness: AppHarness) -> None
     paused = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Gil", "mood": "formal"}, "user": "u1"}).json
     run_id = paused["workflow_run_id"]
     first_attempt = row(harness, run_id)["attempt_id"]
-    ok = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u1", "inputs": {"approved": True}})
+    ok = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u1", "inputs": {"approved": "true"}})
     assert ok.status_code == 200
     wait_until(lambda: ended(harness, run_id), 30, "the resumed run to end")
     events = harness.events(run_id)
@@ -313,7 +313,7 @@ def test_duplicate_and_stale_deliveries_run_nothing(harness: AppHarness) -> None
         "workflow_based_app_execution_task", args=[run_id], kwargs={"attempt_id": first_attempt}, queue=queue
     )
     celery_app.send_task(
-        "resume_app_execution", args=[run_id, {"approved": False}], kwargs={"attempt_id": second_attempt}, queue=queue
+        "resume_app_execution", args=[run_id, {"approved": "false"}], kwargs={"attempt_id": second_attempt}, queue=queue
     )
     wait_until(lambda: log.read_text().count("not this delivery's to run") >= seen + 2, 20, "both deliveries")
     assert harness.events(run_id) == events, "a stale or duplicate delivery appended nothing"

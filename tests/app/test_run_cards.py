@@ -1,5 +1,6 @@
 """A run's writer keeps a copy of its row for the arrivals at it: only for its app and user, only while
-the writer delivers, only for ``CARD_SECONDS``, and never refreshed by its own use."""
+the writer delivers, only for ``CARD_SECONDS`` (one arrival at a time then reads the row again, up to
+``CARD_LIMIT``), and never refreshed by its own use."""
 
 from __future__ import annotations
 
@@ -68,6 +69,27 @@ def test_a_card_ages_out_and_its_use_does_not_refresh_it(monkeypatch: pytest.Mon
     now[0] += run_cards.CARD_SECONDS * 0.2
     assert cards.recall("run-1", app_id="app-1", end_user="u1") is None
     cards.remember(KEY, a_run())  # a row read again
+    assert cards.recall("run-1", app_id="app-1", end_user="u1") is not None
+
+
+def test_one_arrival_at_a_time_reads_an_aged_card_s_row_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While one arrival reads the row again, the others keep the card (a herd must not read it each)."""
+    now = [100.0]
+    monkeypatch.setattr(run_cards, "_now", lambda: now[0])
+    cards = RunCards(lambda key: True)
+    cards.remember(KEY, a_run())
+    now[0] += run_cards.CARD_SECONDS * 1.1
+    assert cards.recall("run-1", app_id="app-1", end_user="u1") is None  # sent to read the row
+    assert all(cards.recall("task-1", app_id="app-1", end_user="u1") is not None for _ in range(100))
+    # That arrival never came back (its request failed): another one is sent a refresh later...
+    now[0] += run_cards.CARD_SECONDS
+    assert cards.recall("run-1", app_id="app-1", end_user="u1") is None
+    assert cards.recall("run-1", app_id="app-1", end_user="u1") is not None
+    # ... and past the limit nobody gets the card.
+    now[0] = 100.0 + run_cards.CARD_LIMIT + 0.1
+    assert cards.recall("run-1", app_id="app-1", end_user="u1") is None
+    assert cards.recall("run-1", app_id="app-1", end_user="u1") is None
+    cards.remember(KEY, a_run())
     assert cards.recall("run-1", app_id="app-1", end_user="u1") is not None
 
 

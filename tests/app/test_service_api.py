@@ -98,7 +98,7 @@ def test_async_run_returns_ids_at_once_and_finishes_in_the_background(
     assert run_id != task_id
     detail = wait_for_status(harness, greeting["api_key"], run_id, "u1", {"succeeded"})
     assert detail["outputs"]["greeting"].startswith("Hello Bo!") and detail["finished_at"] is not None
-    assert detail["inputs"] == {"name": "Bo"} and detail["total_steps"] == 4
+    assert json.loads(detail["inputs"]) == {"name": "Bo"} and detail["total_steps"] == 4
 
 
 def test_authentication_errors(harness: AppHarness) -> None:
@@ -141,9 +141,10 @@ def test_runs_of_other_apps_and_other_users_are_404(harness: AppHarness, greetin
     assert harness.get(f"/v1/workflows/run/{run_id}?user=owner", greeting["api_key"]).status_code == 200
     for key, user in ((other_app["api_key"], "owner"), (greeting["api_key"], "intruder")):
         response = harness.get(f"/v1/workflows/run/{run_id}?user={user}", key)
-        assert response.status_code == 404 and response.json["code"] == "workflow_run_not_found"
+        assert response.status_code == 404 and response.json["code"] == "not_found"
+        # Dify's stop applies to the task regardless of `user`, and an unknown task is a success too.
         stop = harness.post(f"/v1/workflows/tasks/{task_id}/stop", key, {"user": user})
-        assert stop.status_code == 404
+        assert (stop.status_code, stop.json) == (200, {"result": "success"})
         resume = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": user, "inputs": {}})
         assert resume.status_code == 404
     # Without ?user= the key's app sees every run of its own, as Dify documents the route; another app's is 404.
@@ -183,7 +184,7 @@ def test_pause_and_resume_with_human_input(harness: AppHarness, greeting: dict[s
 
     bad = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u2", "inputs": {"approved": "yes"}})
     assert bad.status_code == 400
-    ok = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u2", "inputs": {"approved": True}})
+    ok = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u2", "inputs": {"approved": "true"}})
     assert ok.status_code == 200 and ok.json["task_id"] == paused["task_id"]
     detail = wait_for_status(harness, key, run_id, "u2", {"succeeded"})
     assert detail["outputs"]["greeting"].endswith("(approved: true)")
@@ -194,16 +195,22 @@ def test_pause_and_resume_with_human_input(harness: AppHarness, greeting: dict[s
     started = [e["data"]["reason"] for e in events if e["event"] == "workflow_started"]
     assert started == ["initial", "resumption"] and names.count("workflow_paused") == 1
     assert names[-1] == "workflow_finished"
-    late = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u2", "inputs": {"approved": True}})
+    late = harness.post(f"/v1/workflows/runs/{run_id}/human-input", key, {"user": "u2", "inputs": {"approved": "true"}})
     assert late.status_code == 409 and late.json["code"] == "workflow_not_paused"
 
 
 def test_stopping_a_paused_run_ends_it_in_the_api(harness: AppHarness, greeting: dict[str, str]) -> None:
     key = greeting["api_key"]
     paused = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Fay", "mood": "formal"}, "user": "u3"}).json
-    assert harness.post(f"/v1/workflows/tasks/{paused['task_id']}/stop", key, {"user": "u3"}).status_code == 200
+    detail = harness.get(f"/v1/workflows/run/{paused['workflow_run_id']}", key).json
+    # Dify's detail: the inputs as JSON text, the outputs an object even before the run has any.
+    assert detail["status"] == "paused" and json.loads(detail["inputs"]) == {"name": "Fay", "mood": "formal"}
+    assert detail["outputs"] == {}
+    # Any end user of the app may stop its task, as Dify documents the route.
+    stopped = harness.post(f"/v1/workflows/tasks/{paused['task_id']}/stop", key, {"user": "another end user"})
+    assert (stopped.status_code, stopped.json) == (200, {"result": "success"})
     detail = wait_for_status(harness, key, paused["workflow_run_id"], "u3", {"stopped"}, timeout=5)
-    assert detail["status"] == "stopped"
+    assert detail["status"] == "stopped" and detail["outputs"] == {}
     events = harness.events(paused["workflow_run_id"])
     assert events[-1]["data"]["status"] == "stopped" and harness.topic_info(paused["workflow_run_id"]).sealed
 
@@ -301,3 +308,38 @@ def test_a_listener_going_away_does_not_cancel_the_run(harness: AppHarness) -> N
     assert run_id is not None
     detail = wait_for_status(harness, key, run_id, "u1", {"succeeded", "failed", "stopped"})
     assert detail["status"] == "succeeded"
+
+
+def test_stops_by_unknown_tasks_succeed_and_strict_end_users_keep_to_their_own(
+    harness: AppHarness, greeting: dict[str, str]
+) -> None:
+    key = greeting["api_key"]
+    for task_id in ("00000000-0000-4000-8000-000000000000", "not-an-id"):
+        unknown = harness.post(f"/v1/workflows/tasks/{task_id}/stop", key, {"user": "u1"})
+        assert (unknown.status_code, unknown.json) == (200, {"result": "success"}), task_id
+    no_user = harness.post("/v1/workflows/tasks/not-an-id/stop", key, {})
+    assert (no_user.status_code, no_user.json["code"]) == (400, "invalid_param")
+
+    strict = AppHarness({**harness.env, "STRICT_END_USER_ACCESS": "true"}, harness.worker)
+    try:
+        paused = strict.post("/v1/workflows/run", key, {"inputs": {"name": "Hal", "mood": "formal"}, "user": "u4"}).json
+        refused = strict.post(f"/v1/workflows/tasks/{paused['task_id']}/stop", key, {"user": "u5"})
+        assert (refused.status_code, refused.json["code"]) == (404, "not_found")
+        token = paused["data"]["reasons"][0]["form_token"]
+        answer = {"inputs": {"approved": "true"}, "action": "submit", "user": "u5"}
+        foreign = strict.post(f"/v1/form/human_input/{token}", key, answer)
+        assert (foreign.status_code, foreign.json["code"]) == (404, "not_found")
+        assert harness.get(f"/v1/workflows/run/{paused['workflow_run_id']}", key).json["status"] == "paused"
+        own = strict.post(f"/v1/workflows/tasks/{paused['task_id']}/stop", key, {"user": "u4"})
+        assert own.status_code == 200
+        wait_for_status(harness, key, paused["workflow_run_id"], "u4", {"stopped"}, timeout=5)
+    finally:
+        strict.close()
+
+
+def test_a_method_a_route_does_not_take_is_405_with_allow(harness: AppHarness, greeting: dict[str, str]) -> None:
+    response = harness.client.delete("/v1/workflows/run", headers={"Authorization": f"Bearer {greeting['api_key']}"})
+    assert response.status_code == 405 and response.json["code"] == "method_not_allowed"
+    assert "POST" in response.headers["Allow"].split(", ")
+    detail = harness.client.post("/v1/workflows/run/x", headers={"Authorization": f"Bearer {greeting['api_key']}"})
+    assert detail.status_code == 405 and "GET" in detail.headers["Allow"].split(", ")

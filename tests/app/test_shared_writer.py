@@ -24,9 +24,8 @@ from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, connect
 from api.gunicorn_conf import pause_logger
-from api.services.delivery.body import writable_socket
+from api.services.delivery.clients import ENDED, Follower, Outcome, writable_socket
 from api.services.delivery.endings import BATCH, PATIENCE
-from api.services.delivery.followers import ENDED, Follower, Outcome
 from api.services.delivery.watcher import RunWatcher
 from api.services.delivery.writer import SharedWriters
 from harness.app_env import base_env
@@ -103,15 +102,25 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 class RawClient:
     """An HTTP/1.0 client on a plain socket (no chunked encoding), read as far as the caller wants."""
 
-    def __init__(self, url: str, key: str, task_id: str, *, query: str = "", receive_buffer: int | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        key: str,
+        task_id: str,
+        *,
+        query: str = "",
+        receive_buffer: int | None = None,
+        snapshot: bool = True,
+    ) -> None:
         host, port = url.removeprefix("http://").split(":")
         self.socket = socket.socket()
         if receive_buffer is not None:  # before connecting, so that the window starts small
             self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         self.socket.settimeout(30)
         self.socket.connect((host, int(port)))
-        # From the run's beginning (a snapshot), as the tests compare whole runs.
-        path = f"/v1/workflow/{task_id}/events?user=u1&include_state_snapshot=true{query}"
+        # From the run's beginning (a snapshot), as the tests compare whole runs; else from its live tail
+        # (no cursor, no snapshot: Dify's default reader, what its web front end sends on every reconnect).
+        path = f"/v1/workflow/{task_id}/events?user=u1{'&include_state_snapshot=true' if snapshot else ''}{query}"
         request = f"GET {path} HTTP/1.0\r\nAuthorization: Bearer {key}\r\n\r\n"
         self.socket.sendall(request.encode())
         self.messages = parse_sse(self._body())
@@ -222,15 +231,99 @@ def test_a_client_that_stops_reading_holds_nobody_up_and_misses_nothing(stack: S
     slow_before = stack.api.value("workflow_sse_handbacks_total", reason="slow")
     task_id, run_id = stack.start(key, {"name": "Ada"})
     stalled = RawClient(stack.url, key, task_id, receive_buffer=4096).read(3)
+    # A client from the live tail, stalled too: handed back, it goes on from where it was, never from
+    # the run's start (the writer had delivered at least the three events above when it arrived).
+    stalled_tail = RawClient(stack.url, key, task_id, receive_buffer=4096, snapshot=False).read(1)
     thread, result = _in_thread(read_run, stack.url, key, task_id)
     thread.join(60)
-    # The other client read the whole run while this one read nothing.
+    # The other client read the whole run while these read nothing.
     (fast,) = result
     assert fast.ended == "finished"
-    stack.api.wait_for("workflow_sse_handbacks_total", slow_before + 1, reason="slow")
+    stack.api.wait_for("workflow_sse_handbacks_total", slow_before + 2, reason="slow")
     stored = stack.stored(run_id)
     assert _events(fast) == stored
     assert stalled.read().ended and stalled.events == stored
+    assert stalled_tail.read().ended
+    start = len(stored) - len(stalled_tail.events)
+    assert start >= 3 and stalled_tail.events == stored[start:], "not exactly what followed its arrival"
+
+
+def test_tail_clients_of_a_paused_run_join_its_writer_and_get_exactly_what_follows(
+    stack: Stack, request: pytest.FixtureRequest
+) -> None:
+    """Dify's default reader (no cursor, no snapshot) at a run waiting for a form: served by the run's
+    writer (one subscription for all), nothing of the past, then exactly what the run does next."""
+    key = stack.served.create_app(GREETING)
+    task_id, run_id = stack.start(key, {"name": "Ida", "mood": "formal"})
+    paused = stack.wait_paused(run_id)
+    shared_before = stack.api.value("workflow_sse_arrivals_total", path="shared")
+    subscriptions_before = stack.api.value("durable_stream_subscriptions_open")
+    clients = [RawClient(stack.url, key, task_id, snapshot=False) for _ in range(6)]
+    for client in clients:
+        request.addfinalizer(client.close)
+    # Each got its first bytes (a ping) and nothing else: a tail starts after the pause it did not see.
+    for client in clients:
+        client.read(0)
+    stack.api.wait_for("workflow_sse_arrivals_total", shared_before + 6, path="shared")
+    wait_until(
+        lambda: (
+            stack.api.value("workflow_sse_writers_open") == 1
+            and stack.api.value("durable_stream_subscriptions_open") == subscriptions_before + 1
+        ),
+        10,
+        "six tail clients served by one writer on one subscription",
+    )
+    answer = requests.post(
+        f"{stack.url}/v1/workflows/runs/{run_id}/human-input",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"user": "u1", "inputs": {"approved": "true"}},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
+    stored = stack.stored(run_id)
+    assert stored[: len(paused)] == paused and stored[-1]["event"] == "workflow_finished"
+    for client in clients:
+        assert client.read().ended
+        assert client.events == stored[len(paused) :]
+        assert client.pings >= 1
+
+
+def test_a_streaming_start_is_delivered_by_its_runs_writer(stack: Stack) -> None:
+    """``POST /workflows/run`` in streaming mode: the response joins the new run's writer before the run
+    is dispatched, so it gets every event, and tail clients arriving meanwhile share that writer."""
+    key = stack.served.create_app(slow_greeting(delay=0.02, tokens=150))
+    shared_before = stack.api.value("workflow_sse_arrivals_total", path="shared")
+    writers_before = stack.api.value("workflow_sse_writers_open")
+    host, port = stack.url.removeprefix("http://").split(":")
+    body = json.dumps({"inputs": {"name": "Jo"}, "user": "u1", "response_mode": "streaming"}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        raw.sendall(
+            b"POST /v1/workflows/run HTTP/1.0\r\nAuthorization: Bearer %b\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%b" % (key.encode(), len(body), body)
+        )
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += raw.recv(65536)
+        head, rest = received.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.0 200"), head
+        task_id = next(line.split(b": ", 1)[1] for line in head.split(b"\r\n") if line.startswith(b"X-Task-Id"))
+        run_id = next(
+            line.split(b": ", 1)[1] for line in head.split(b"\r\n") if line.startswith(b"X-Workflow-Run-Id")
+        ).decode()
+        tail = RawClient(stack.url, key, task_id.decode(), snapshot=False).read(1)
+        stack.api.wait_for("workflow_sse_arrivals_total", shared_before + 2, path="shared")
+        assert stack.api.value("workflow_sse_writers_open") == writers_before + 1
+
+        def chunks() -> Iterator[bytes]:
+            yield rest
+            while chunk := raw.recv(65536):
+                yield chunk
+
+        started = [message.json for message in parse_sse(chunks()) if not message.is_ping]
+    stored = stack.stored(run_id)
+    assert started == stored and stored[0]["event"] == "workflow_started"
+    tail.read()
+    assert tail.ended and tail.events == stored[len(stored) - len(tail.events) :] and len(tail.events) >= 1
 
 
 def test_a_pause_ends_the_joined_clients_that_stop_at_pauses_and_no_others(stack: Stack) -> None:
@@ -251,7 +344,7 @@ def test_a_pause_ends_the_joined_clients_that_stop_at_pauses_and_no_others(stack
     answer = requests.post(
         f"{stack.url}/v1/workflows/runs/{run_id}/human-input",
         headers={"Authorization": f"Bearer {key}"},
-        json={"user": "u1", "inputs": {"approved": True}},
+        json={"user": "u1", "inputs": {"approved": "true"}},
         timeout=30,
     )
     assert answer.status_code == 200, answer.text

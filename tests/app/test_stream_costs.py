@@ -5,21 +5,21 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from api.controllers.common.sse import PING, sse_message, sse_messages
+from api.controllers.common.sse import PING, sse_chunk, sse_message
 from api.core.app.apps import run_store
 from api.core.app.apps.event_codec import encode_event
 from api.core.app.apps.event_transport import StreamMessage
-from api.core.app.apps.message_generator import EventBatch, Notice, Ping, StreamEvent, StreamItem, stream_topic_events
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, Closed, TopicCursor
 from api.extensions.ext_durable_stream import durable_stream
 from api.models import App, WorkflowRun
 from api.models.engine import db
+from api.services.delivery.reading import EventBatch, Notice, Ping, StreamEvent, StreamItem, read_alone
 from api.services.delivery.watcher import run_watcher
 from api.services.run_recovery import started_event_of
 from harness.sse import parse_sse
@@ -81,16 +81,13 @@ def one_by_one(items: list[StreamItem]) -> bytes:
 
 
 def frame(items: list[StreamItem]) -> list[bytes]:
-    def generate() -> Generator[StreamItem, None, None]:
-        yield from items
-
-    return list(sse_messages(generate(), resume_token=lambda cursor: f"token-{cursor}".encode()))
+    return [sse_chunk(item, lambda cursor: f"token-{cursor}".encode()) for item in items]
 
 
 def test_events_ready_at_once_go_out_as_one_chunk_each_exactly_once() -> None:
     records = [event("text_chunk", str(index)) for index in range(150)] + [event("workflow_finished")]
     subscription = FakeSubscription(records)
-    items = list(stream_topic_events(subscription, coalesce=64))
+    items = list(read_alone(subscription, coalesce=64))
     assert [type(item) for item in items] == [Ping, EventBatch, EventBatch, EventBatch]
     events = [event for item in items if isinstance(item, EventBatch) for event in item.events]
     assert [e.payload for e in events] == records, "every event once, in order"
@@ -107,14 +104,14 @@ def test_a_lone_event_is_sent_at_once_and_a_failed_read_loses_nothing_read_befor
                 raise RuntimeError("the store went away")
             return super().receive(timeout)
 
-    items = stream_topic_events(Failing([event("text_chunk", "a"), event("text_chunk", "b")]), coalesce=64)
+    items = read_alone(Failing([event("text_chunk", "a"), event("text_chunk", "b")]), coalesce=64)
     assert isinstance(next(items), Ping)
     batch = next(items)
     assert isinstance(batch, EventBatch) and len(batch.events) == 2, "read before the failure: still sent"
     with pytest.raises(RuntimeError):
         next(items)
     trickle = FakeSubscription([event("text_chunk", "a")], close_after_waits=1)
-    assert [type(item) for item in stream_topic_events(trickle, coalesce=64)] == [Ping, StreamEvent]
+    assert [type(item) for item in read_alone(trickle, coalesce=64)] == [Ping, StreamEvent]
 
 
 def test_every_item_is_one_chunk_with_the_same_bytes() -> None:
@@ -128,7 +125,7 @@ def test_every_item_is_one_chunk_with_the_same_bytes() -> None:
 
 def test_an_idle_stream_waits_for_its_ping_not_a_poll_timer() -> None:
     subscription = FakeSubscription([event("text_chunk")], close_after_waits=3)
-    items = list(stream_topic_events(subscription, ping_interval=10.0, idle_timeout=300.0, coalesce=64))
+    items = list(read_alone(subscription, ping_interval=10.0, idle_timeout=300.0, coalesce=64))
     assert all(9.0 < timeout <= 10.0 for timeout in subscription.timeouts), subscription.timeouts
     assert [type(item) for item in items] == [Ping, StreamEvent], "the stream was closed: nothing more"
 
@@ -136,7 +133,7 @@ def test_an_idle_stream_waits_for_its_ping_not_a_poll_timer() -> None:
 def test_a_closed_subscription_ends_with_the_event_left_for_it() -> None:
     subscription = FakeSubscription([event("workflow_started")], close_after_waits=1)
     final = {"event": "workflow_finished", "data": {"status": "failed"}}
-    items = list(stream_topic_events(subscription, on_closed=lambda: final))
+    items = list(read_alone(subscription, on_closed=lambda: final))
     assert isinstance(items[-1], StreamEvent) and items[-1].payload == encode_event(final) and items[-1].cursor is None
 
 

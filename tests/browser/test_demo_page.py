@@ -126,9 +126,11 @@ def test_the_demo_survives_three_cuts_and_renders_the_stored_run_exactly(
     wait_for_text(page, "#state", "paused")
     assert page.is_visible("#human-form")
     assert page.text_content("#pause-title") == "Approve the greeting"
-    assert page.get_attribute("#human-approved", "type") == "checkbox"
-    assert page.get_attribute("#human-note", "type") == "text"
-    page.check("#human-approved")
+    # Dify's form input types: the select's options, the paragraph's text.
+    options = page.eval_on_selector_all("#human-approved option", "options => options.map(o => o.value)")
+    assert options == ["true", "false"]
+    assert page.eval_on_selector("#human-note", "e => e.tagName") == "TEXTAREA"
+    page.select_option("#human-approved", "true")
     page.fill("#human-note", "fine")
     page.click("#human-action-submit")
     wait_for_text(page, "#state", "finished")
@@ -355,7 +357,7 @@ def test_the_demo_fits_a_phone_and_shows_a_pause_as_paused(
         paused = page.eval_on_selector_all("#nodes li.status-paused", "rows => rows.map(r => r.textContent)")
         assert len(paused) == 1 and "paused" in paused[0] and "running" not in paused[0], paused
         before = page.eval_on_selector_all("#events li", "rows => rows.map(r => Number(r.dataset.connection))")
-        page.check("#human-approved")
+        page.select_option("#human-approved", "true")
         page.click("#human-action-submit")
         wait_for_text(page, "#state", "finished")
         after = page.eval_on_selector_all("#events li", "rows => rows.map(r => Number(r.dataset.connection))")

@@ -3,11 +3,11 @@
 //
 //   node drive.mjs <base url, e.g. http://127.0.0.1:5001/v1> <api key> <user> <scenario>
 //
-// Scenarios: blocking, streaming, stop, human_input. Prints one JSON object on stdout; exit 0 when
+// Scenarios: blocking, streaming, stop, human_input, app (parameters, an upload, a chat call). Prints one JSON object on stdout; exit 0 when
 // every request was made and every stream read to its end (whether the server's answers are right
 // is the test's to judge), exit 1 with the error and whatever was seen before it otherwise.
 
-import { CompletionClient } from "dify-client";
+import { ChatClient, CompletionClient } from "dify-client";
 
 // Below the test's subprocess timeout, so a hung stream still reports what it had seen.
 const WATCHDOG_MS = 50_000;
@@ -148,6 +148,17 @@ async function streamingRun(client, inputs, key, onEvent) {
   return record;
 }
 
+// The answer of a request the server refuses: axios throws; what a client sees is its status and body.
+async function refused(call) {
+  try {
+    const response = await call();
+    return { status: response.status, body: response.data };
+  } catch (error) {
+    if (!error?.response) throw error;
+    return { status: error.response.status, body: error.response.data };
+  }
+}
+
 const scenarios = {
   async blocking(client) {
     const response = await client.runWorkflow({ name: "Ada" }, user, false);
@@ -172,6 +183,18 @@ const scenarios = {
     });
   },
 
+  async app(client) {
+    const parameters = await client.getApplicationParameters(user);
+    report.parameters = { status: parameters.status, body: parameters.data };
+    const form = new FormData();
+    form.append("file", new Blob(["hello from node"], { type: "text/plain" }), "node.txt");
+    form.append("user", user);
+    const uploaded = await client.fileUpload(form);
+    report.upload = { status: uploaded.status, body: uploaded.data };
+    const chat = new ChatClient(apiKey, baseUrl);
+    report.chat = await refused(() => chat.createChatMessage({}, "hi", user, false, null));
+  },
+
   async human_input(client) {
     const run = await streamingRun(client, { name: "Ada", mood: "formal" }, "run");
     const required = run.events.find((event) => event.event === "human_input_required");
@@ -183,7 +206,7 @@ const scenarios = {
     report.form = await fetchJson("GET", formPath);
     if (report.form.status !== 200) throw new Error(`GET ${formPath} answered ${report.form.status}`);
     const action = report.form.body?.user_actions?.[0]?.id;
-    const submission = { inputs: { approved: true }, action, user };
+    const submission = { inputs: { approved: "true" }, action, user };
     report.submitted_action = action ?? null;
     report.submit = await fetchJson("POST", formPath, submission);
     report.submit_again = await fetchJson("POST", formPath, submission);

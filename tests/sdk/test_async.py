@@ -57,7 +57,7 @@ def test_async_pause_human_input_and_typed_errors(sdk: Sdk) -> None:
                     (reason,) = event.reasons
                     form = await client.get_form(reason.form_token)
                     assert [field.output_variable_name for field in form.inputs] == ["approved", "note"]
-                    await client.submit_form(reason.form_token, "u1", {"approved": True})
+                    await client.submit_form(reason.form_token, "u1", {"approved": "true"})
             assert stream.task_id is not None and stream.workflow_run_id is not None
             stream_reconnects.append(stream.reconnects)
             assert (await client.get_run(stream.workflow_run_id, "u1")).status == "succeeded"

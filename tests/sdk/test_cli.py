@@ -68,7 +68,7 @@ def test_the_live_view_through_a_pause_and_a_form(sdk: Sdk) -> None:
     rng = random.Random(5)
     with sdk.relay(cut_after=lambda: rng.randint(600, 2000), seed=5) as relay:
         status, done, _ = dwe(
-            "submit-form", form.form_token, "--inputs", '{"approved": true}', "--follow-run", run_id,
+            "submit-form", form.form_token, "--inputs", '{"approved": "true"}', "--follow-run", run_id,
             "--retry-delay", "0.01", "--base-url", relay.url, "--app-key", sdk.keys["greeting"],
         )  # fmt: skip
     assert status == 0, done
@@ -78,7 +78,7 @@ def test_the_live_view_through_a_pause_and_a_form(sdk: Sdk) -> None:
     for title in ("Draft a greeting", "Approve the greeting", "formal_end"):
         assert title in done
 
-    status, _, err = dwe("submit-form", form.form_token, "--inputs", '{"approved": true}', *base)
+    status, _, err = dwe("submit-form", form.form_token, "--inputs", '{"approved": "true"}', *base)
     assert status == 4 and "412 human_input_form_submitted" in err
 
 
@@ -87,7 +87,7 @@ def test_resume_input_submits_a_paused_runs_form_by_the_run_id(sdk: Sdk) -> None
     status, started, _ = dwe("run", "--json", *base, "--inputs", '{"name": "Alias", "mood": "formal"}')
     run_id = json.loads(started)["workflow_run_id"]
     wait_until(lambda: sdk.run_row(run_id)["status"] == "paused", 30, "the run to pause")
-    status, done, _ = dwe("resume-input", run_id, "--inputs", '{"approved": false}', "--follow", *base)
+    status, done, _ = dwe("resume-input", run_id, "--inputs", '{"approved": "false"}', "--follow", *base)
     assert status == 0 and "✔ succeeded" in done and "(approved: false)" in " ".join(done.split())
 
 
@@ -107,12 +107,12 @@ def test_the_terminal_view_waits_through_a_pause_with_a_spinner(sdk: Sdk) -> Non
                 return text.split("--follow-run ")[1].split()[0] if "waiting for human input" in text else None
 
             run_id = wait_until(paused_run, 30, "the view to show the pause")
-            client.submit_form(open_form(sdk, run_id, "tty").form_token, "tty", {"approved": True})
+            client.submit_form(open_form(sdk, run_id, "tty").form_token, "tty", {"approved": "true"})
     finally:
         viewer.join(timeout=30)
     assert statuses == [0]
     text = out.export_text()
-    assert "Approve the greeting: approved (boolean), note (text-input, optional); actions: submit" in text
+    assert "Approve the greeting: approved (select), note (paragraph); actions: submit" in text
     assert "✔ succeeded" in text
 
 

@@ -95,8 +95,8 @@ def test_typed_events_a_pause_and_a_form_submitted_by_its_token(sdk: Sdk) -> Non
         assert isinstance(paused, WorkflowPaused) and paused.paused_nodes == ["approve"] and paused.status == "paused"
         (form,) = [event for event in head if isinstance(event, HumanInputRequired)]
         assert [(f.output_variable_name, f.type) for f in form.inputs] == [
-            ("approved", "boolean"),
-            ("note", "text-input"),
+            ("approved", "select"),
+            ("note", "paragraph"),
         ]
         assert [action.id for action in form.actions] == ["submit"] and form.node_id == "approve"
         assert form.node_title == "Approve the greeting" and form.form_token and form.expiration_time > time.time()
@@ -113,9 +113,9 @@ def test_typed_events_a_pause_and_a_form_submitted_by_its_token(sdk: Sdk) -> Non
         shown = client.get_form(form.form_token)
         assert shown.inputs == form.inputs and shown.user_actions == form.actions
         assert shown.expiration_time == form.expiration_time
-        client.submit_form(form.form_token, "u1", {"approved": True})  # the form's first action
+        client.submit_form(form.form_token, "u1", {"approved": "true"})  # the form's first action
         with pytest.raises(FormSubmittedError) as again:
-            client.submit_form(form.form_token, "u1", {"approved": True}, action="submit")
+            client.submit_form(form.form_token, "u1", {"approved": "true"}, action="submit")
         assert again.value.status == 412 and again.value.code == "human_input_form_submitted"
 
         tail = list(client.follow(run_id, "u1", after=stream.last_event_id))
@@ -133,7 +133,7 @@ def test_typed_events_a_pause_and_a_form_submitted_by_its_token(sdk: Sdk) -> Non
 def test_the_run_id_alias_for_human_input_still_answers(sdk: Sdk) -> None:
     with Client(sdk.stack.urls[1], sdk.keys["greeting"]) as client:
         paused = client.run({"name": "Al", "mood": "formal"}, "u1", stream=False)
-        accepted = client.submit_human_input(paused.workflow_run_id, "u1", {"approved": False})
+        accepted = client.submit_human_input(paused.workflow_run_id, "u1", {"approved": "false"})
         assert accepted.workflow_run_id == paused.workflow_run_id and accepted.task_id == paused.task_id
         events = list(client.follow(paused.workflow_run_id, "u1"))
     assert isinstance(events[-1], WorkflowFinished) and events[-1].status == "succeeded"
@@ -147,7 +147,7 @@ def test_continue_on_pause_follows_through_the_pause(sdk: Sdk) -> None:
         for event in stream:
             events.append(event)
             if isinstance(event, HumanInputRequired):
-                client.submit_form(event.form_token, "u1", {"approved": False, "note": "no"}, action="submit")
+                client.submit_form(event.form_token, "u1", {"approved": "false", "note": "no"}, action="submit")
     assert stream.reconnects == 0, "going on after the pause is no reconnect"
     assert isinstance(events[-1], WorkflowFinished) and events[-1].status == "succeeded"
     # The resumed run starts again: a second workflow_started is one more event, not an error.
@@ -228,7 +228,7 @@ def test_the_web_flavour_with_a_site_code_and_a_saved_passport(sdk: Sdk) -> None
         (reason,) = paused.run.reasons
         assert web.get_form(reason.form_token).user_actions == reason.actions
         with WebClient(sdk.stack.urls[0], sdk.site_codes["greeting"]) as stranger, pytest.raises(NotFoundError):
-            stranger.submit_form(reason.form_token, {"approved": True}, action="submit")  # another end user's run
-        web.submit_form(reason.form_token, {"approved": True})
+            stranger.submit_form(reason.form_token, {"approved": "true"}, action="submit")  # another end user's run
+        web.submit_form(reason.form_token, {"approved": "true"})
         events = list(web.follow(paused.workflow_run_id))
         assert isinstance(events[-1], WorkflowFinished) and events[-1].status == "succeeded"

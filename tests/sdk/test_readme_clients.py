@@ -41,5 +41,5 @@ def test_the_client_readme_examples_run(sdk: Sdk) -> None:
     with Client(sdk.stack.urls[0], sdk.keys["greeting"]) as client:
         scope: dict[str, Any] = {"client": client}
         exec(compile(forms, "sdk/python/README.md", "exec"), scope)
-        assert scope["fields"] == [("approved", "boolean"), ("note", "text-input")]
+        assert scope["fields"] == [("approved", "select"), ("note", "paragraph")]
         assert isinstance(scope["event"], WorkflowFinished) and scope["event"].status == "succeeded"

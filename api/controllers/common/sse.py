@@ -1,11 +1,11 @@
 """Server-sent events on the wire: ``id:`` (optional), ``event:`` (optional) and ``data:`` lines.
 
-The HTTP edge of the event streams. :func:`sse_messages` frames the domain items a service yields:
+The HTTP edge of the event streams. :class:`SseFramer` frames the items delivery yields:
 a run's event goes out as ``id: <resume token>`` + ``data: <payload as stored>``, a notice as
 ``event: <name>`` + ``data: …``, a ping as ``event: ping``.
 
 Messages are built as bytes straight from the stored payload (no decode and re-encode); every item
-is one chunk, so the events of an :class:`~api.core.app.apps.message_generator.EventBatch` (those
+is one chunk, so the events of an :class:`~api.services.delivery.reading.EventBatch` (those
 that were ready at once) go out in one write to the client's socket.
 
 Each write of events is one delivery-lag sample (``api.libs.metrics``), taken from the first event
@@ -14,13 +14,13 @@ of the write (the one that waited longest), when metrics are on: one flag test p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 
-from api.core.app.apps.message_generator import EventBatch, Ping, Retry, StreamEvent, StreamItem
 from api.core.durable_stream import TopicCursor
 from api.libs import metrics
 from api.libs.resume_token import StreamSealer
 from api.services.delivery.framing import observe_write
+from api.services.delivery.reading import EventBatch, Ping, Retry, StreamEvent, StreamItem
 
 PING = b"event: ping\n\n"
 
@@ -35,22 +35,6 @@ def sse_message(data: bytes, event_id: bytes | None = None, event: str | None = 
     if b"\n" in data:  # a data field may not contain a newline; stored events never do, but stay correct
         return head + b"".join(b"data: %b\n" % line for line in data.split(b"\n")) + b"\n"
     return head + b"data: %b\n\n" % data
-
-
-def sse_messages(
-    items: Generator[StreamItem, None, None], *, resume_token: Callable[[TopicCursor], bytes], since: float = 0.0
-) -> Generator[bytes, None, None]:
-    """The SSE bytes of ``items``, one chunk per item; each event's cursor becomes its ``id:``
-    through ``resume_token``.
-
-    Closing this generator closes ``items`` (and so the subscription behind them).
-    """
-    try:
-        for item in items:
-            yield sse_chunk(item, resume_token, since)
-            del item  # not kept while the next one is awaited
-    finally:
-        items.close()
 
 
 def sse_chunk(item: StreamItem, resume_token: Callable[[TopicCursor], bytes], since: float = 0.0) -> bytes:
@@ -111,3 +95,7 @@ class SseFramer:
 
     def retry(self, milliseconds: int) -> bytes:
         return retry_message(milliseconds)
+
+    @staticmethod
+    def wire(data: bytes, chunked: bool) -> bytes:
+        return b"%X\r\n%b\r\n" % (len(data), data) if chunked else data

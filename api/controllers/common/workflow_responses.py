@@ -10,12 +10,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Generator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
 
 from flask import Flask, Response, current_app, request
 
-from api.controllers.common.sse import SSE_HEADERS, SseFramer, sse_messages
+from api.controllers.common.sse import SSE_HEADERS, SseFramer
+from api.core.app.apps.message_generator import StartAt
 from api.core.durable_stream import TopicCursor
 from api.libs import log_context, metrics
 from api.libs.errors import GoneError, InvalidParamError, NotFoundError, ServiceUnavailableError
@@ -25,7 +26,7 @@ from api.models.engine import db
 from api.services import delivery as event_streams
 from api.services import idempotency
 from api.services import workflow_run_service as runs
-from api.services.delivery import EventStream, current_runtime
+from api.services.delivery import current_runtime
 from api.services.run_recovery import run_log_fields
 
 logger = logging.getLogger(__name__)
@@ -45,8 +46,9 @@ def start_run(app_model: App, body: Any) -> Any:
         runs.dispatch(run)
         return {"task_id": run.task_id, "workflow_run_id": run.id}, 202
     if mode == "streaming":
-        events = event_streams.run_streaming(app_model, run)
-        return event_stream_response(app_model, run, events, event_streams.run_headers(run), continue_on_pause=False)
+        return event_stream_response(
+            app_model, run, StartAt.BEGINNING, headers=event_streams.run_headers(run), new_run=True
+        )
     return runs.run_blocking(app_model, run)
 
 
@@ -58,9 +60,8 @@ def _replay(app_model: App, run: WorkflowRun, mode: str) -> Any:
         return {"task_id": run.task_id, "workflow_run_id": run.id}, 202, replayed
     if mode == "streaming":
         db.session.close()
-        events = event_streams.reconnect(app_model, run, cursor=None, continue_on_pause=False, snapshot=True)
         headers = {**event_streams.run_headers(run), **replayed}
-        return event_stream_response(app_model, run, events, headers, continue_on_pause=False)
+        return event_stream_response(app_model, run, StartAt.BEGINNING, headers=headers)
     return runs.run_blocking(app_model, run, replay=True), 200, replayed
 
 
@@ -70,8 +71,13 @@ def admitted_stream(view: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(view)
     def decorated(*args: Any, **kwargs: Any) -> Any:
-        with current_runtime().admission.start():
-            return view(*args, **kwargs)
+        admission = current_runtime().admission
+        with admission.start():
+            response = view(*args, **kwargs)
+        if isinstance(response, Response) and response.is_streamed:
+            # Counted as open until the server closes the body (the stream ended, or its client left).
+            response.response = admission.holding(response.response)
+        return response
 
     return decorated
 
@@ -89,14 +95,13 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
         NotFoundError: (404) no such run of this app and user.
         InvalidParamError: (400, ``invalid_resume_token``) the token is malformed, forged, made with an
             unknown key, or belongs to another run or user.
-        GoneError: (410) see ``delivery.reconnect``.
+        GoneError: (410) see ``DeliveryRuntime.open_stream``.
     """
-    # A run this process's writer delivers needs no query: a herd of arrivals shares one row.
-    run = current_runtime().writers.cards.recall(task_id, app_id=app_model.id, end_user=user)
-    recalled = run is not None
-    if run is None:
-        run = _checked_run(app_model, task_id, user)
-    metrics.RUN_LOOKUPS.tally.add(("writer" if recalled else "database",))
+    try:
+        run, recalled = current_runtime().find_run(app_model, task_id, user)
+    except NotFoundError:
+        metrics.RESUMES.tally.add(("not_found",))
+        raise
     with log_context.bound(run_log_fields(app_model, run)):
         try:
             response = _run_events(app_model, run, recalled=recalled)
@@ -118,14 +123,6 @@ def run_events(app_model: App, task_id: str, user: str) -> Response:
     return response
 
 
-def _checked_run(app_model: App, task_id: str, user: str) -> WorkflowRun:
-    try:
-        return runs.checked(app_model, runs.get_run_by_task(app_model, task_id, user, or_run_id=True))
-    except NotFoundError:
-        metrics.RESUMES.tally.add(("not_found",))
-        raise
-
-
 def _run_events(app_model: App, run: WorkflowRun, *, recalled: bool) -> Response:
     """The response; ``recalled``: ``run`` is a writer's recent copy of the row, not a row just read."""
     # The rows are loaded: the stream store's round trips below must not hold a pooled connection
@@ -135,29 +132,10 @@ def _run_events(app_model: App, run: WorkflowRun, *, recalled: bool) -> Response
     token = last_event_id()
     if token is not None and event_streams.resumable():  # a live-only transport ignores it
         cursor = open_resume_token(app_model, run, token)
-    continue_on_pause = _flag("continue_on_pause")
-    snapshot = _flag("include_state_snapshot")
-    bound = _Bound.of(app_model, run)
-    arrival = None
-    if bound.socket is not None and (cursor is not None or snapshot) and not run.run_status.is_terminal:
-        # A live run's writer may hold what this client needs: then it reads nothing on its own.
-        arrival = current_runtime().writers.arrive(
-            (bound.ids.topic, bound.framer.binding), bound.ids, bound.framer, cursor, epoch=run.stream_epoch
-        )
-    events = None
-    if arrival is not None and not recalled:
-        current_runtime().writers.cards.remember(arrival.writer.key, run)
-    if arrival is None:
-        if recalled:  # the reader starts on its own, from the row as it is now
-            run = _checked_run(app_model, run.id, run.end_user)
-            db.session.close()
-        events = event_streams.reconnect(
-            app_model, run, cursor=cursor, continue_on_pause=continue_on_pause, snapshot=snapshot
-        )
-    metrics.ARRIVALS.tally.add(("shared" if arrival is not None else "alone",))
-    return event_stream_response(
-        app_model, run, events, continue_on_pause=continue_on_pause, bound=bound, arrival=arrival
-    )
+    start: StartAt | TopicCursor = cursor if cursor is not None else StartAt.TAIL
+    if cursor is None and _flag("include_state_snapshot"):
+        start = StartAt.BEGINNING
+    return event_stream_response(app_model, run, start, continue_on_pause=_flag("continue_on_pause"), recalled=recalled)
 
 
 def _flag(name: str) -> bool:
@@ -186,63 +164,44 @@ def open_resume_token(app_model: App, run: WorkflowRun, token: str) -> TopicCurs
     return TopicCursor(cursor)
 
 
-class _Bound(NamedTuple):
-    """What one event-stream response is bound to: its run's ids, its framer (the sealer of its ids,
-    bound to the run and user) and, where a shared writer may write it, the client's socket."""
-
-    ids: event_streams.RunIds
-    framer: SseFramer
-    socket: Any | None
-    chunked: bool
-
-    @classmethod
-    def of(cls, app_model: App, run: WorkflowRun) -> _Bound:
-        ids = event_streams.RunIds.of(app_model, run)
-        # Bound once per response: the associated data and the AEAD object are reused for every event.
-        sealer = current_runtime().tokens.sealer(topic=ids.topic, app_id=app_model.id, end_user=run.end_user)
-        # Events appended before this moment are replayed, not delivered live (the lag metric is the live one's).
-        framer = SseFramer(sealer, since=time.time())
-        config = current_app.config["APP_CONFIG"]
-        socket = None
-        if config.SSE_SHARED_WRITER and event_streams.resumable():
-            socket = event_streams.writable_socket(request.environ)
-        return cls(ids, framer, socket, request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0")
-
-
 def event_stream_response(
     app_model: App,
     run: WorkflowRun,
-    events: EventStream | None,
-    headers: dict[str, str] | None = None,
+    start: StartAt | TopicCursor,
     *,
-    continue_on_pause: bool,
-    bound: _Bound | None = None,
-    arrival: event_streams.Arrival | None = None,
+    headers: dict[str, str] | None = None,
+    continue_on_pause: bool = False,
+    new_run: bool = False,
+    recalled: bool = False,
 ) -> Response:
-    """An SSE response of ``events`` (or of an ``arrival`` at the run's writer), each event's cursor
-    sealed into a token bound to the run and user.
+    """An SSE response of the run's events from ``start``, each event's cursor sealed into a token bound
+    to the run and user; delivery decides how (``DeliveryRuntime.open_stream``).
 
     The request's database work ends here: the stream may stay open for hours, and must hold
-    neither a pooled connection nor the rows the request loaded. Where it can, the response joins
-    the run's shared writer once it is level with it (``delivery.writer``).
+    neither a pooled connection nor the rows the request loaded.
     """
-    bound = bound or _Bound.of(app_model, run)
+    runtime = current_runtime()
+    # Bound once per response: the associated data and the AEAD object are reused for every event.
+    sealer = runtime.tokens.sealer(topic=runs.topic_name(app_model, run), app_id=app_model.id, end_user=run.end_user)
+    # Events appended before this moment are replayed, not delivered live (the lag metric is the live one's).
+    framer = SseFramer(sealer, since=time.time())
+    socket = None
+    if current_app.config["APP_CONFIG"].SSE_SHARED_WRITER and event_streams.resumable():
+        socket = event_streams.writable_socket(request.environ)
+    stream = event_streams.StreamRequest(
+        app=app_model,
+        run=run,
+        start=start,
+        framer=framer,
+        continue_on_pause=continue_on_pause,
+        new_run=new_run,
+        socket=socket,
+        chunked=request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0",
+        recalled=recalled,
+    )
+    body = runtime.open_stream(stream)
     db.session.close()
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]  # the app, not its proxy
-    if bound.socket is not None:
-        body = event_streams.shared_body(
-            events,
-            writers=current_runtime().writers,
-            socket=bound.socket,
-            chunked=bound.chunked,
-            ids=bound.ids,
-            framer=bound.framer,
-            continue_on_pause=continue_on_pause,
-            arrival=arrival,
-        )
-    else:
-        assert events is not None, "an arrival needs a shared writer"
-        body = sse_messages(events, resume_token=bound.framer.seal, since=bound.framer.since)
     # Passed through as it is: the chunks are bytes already, and werkzeug's encoding and closing
     # wrappers would add two layers to every chunk's way out (and to every parked stream's stack).
     return Response(
@@ -253,7 +212,7 @@ def event_stream_response(
     )
 
 
-def _in_app_context(app: Flask, chunks: Generator[bytes, None, None]) -> Generator[bytes, None, None]:
+def _in_app_context(app: Flask, chunks: Iterator[bytes]) -> Generator[bytes, None, None]:
     """``chunks`` run in an application context of their own, from the first chunk to the close.
 
     Not the request's context (``stream_with_context``): a stream may stay open for hours, and its
@@ -265,4 +224,6 @@ def _in_app_context(app: Flask, chunks: Generator[bytes, None, None]) -> Generat
         try:
             yield from chunks
         finally:
-            chunks.close()
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()

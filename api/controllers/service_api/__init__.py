@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import workflow  # noqa: F401  (registers the resources)
+from . import app, files, workflow  # noqa: F401  (registers the resources)
 from .blueprint import bp
 
 __all__ = ["bp"]

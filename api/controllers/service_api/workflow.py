@@ -8,11 +8,12 @@ from flask import request
 from flask_restful import Resource
 
 from api.controllers.common.workflow_responses import admitted_stream, run_events, start_run
-from api.libs.errors import InvalidParamError
+from api.libs.errors import InvalidParamError, NotFoundError
 from api.models import App
 from api.services import human_input_service as forms
+from api.services import limits, workflow_log_service
 from api.services import workflow_run_service as runs
-from api.services.validation import require_user
+from api.services.validation import could_be_our_id, require_user
 
 from .blueprint import api
 from .wraps import validate_app_token
@@ -28,7 +29,32 @@ def _json_body() -> Any:
 class WorkflowRunApi(Resource):  # type: ignore[misc]
     @validate_app_token
     def post(self, app_model: App) -> Any:
-        return start_run(app_model, _json_body())
+        body = _json_body()
+        limits.check_run_start(app_model)
+        return start_run(app_model, body)
+
+
+class WorkflowVersionRunApi(Resource):  # type: ignore[misc]
+    """``POST /workflows/<workflow_id>/run``: a run of a given published version. An app here has one,
+    whose id is the ``workflow_id`` of its events."""
+
+    @validate_app_token
+    def post(self, app_model: App, workflow_id: str) -> Any:
+        if not could_be_our_id(workflow_id):
+            raise InvalidParamError("Invalid workflow ID format", code="bad_request")
+        if workflow_id != app_model.id:
+            raise NotFoundError(f"Workflow not found with id: {workflow_id}", code="not_found")
+        body = _json_body()
+        limits.check_run_start(app_model)
+        return start_run(app_model, body)
+
+
+class WorkflowLogsApi(Resource):  # type: ignore[misc]
+    """``GET /workflows/logs``: the app's runs, newest first (``page``, ``limit``, filters)."""
+
+    @validate_app_token
+    def get(self, app_model: App) -> Any:
+        return workflow_log_service.logs(app_model, request.args)
 
 
 class WorkflowRunDetailApi(Resource):  # type: ignore[misc]
@@ -82,10 +108,13 @@ class WorkflowEventsApi(Resource):  # type: ignore[misc]
         user = request.args.get("user")
         if not user:
             raise InvalidParamError("the 'user' query parameter is required")
-        return run_events(app_model, task_id, user)
+        with limits.counting_resume_refusals(app_model):
+            return run_events(app_model, task_id, user)
 
 
 api.add_resource(WorkflowRunApi, "/workflows/run")
+api.add_resource(WorkflowVersionRunApi, "/workflows/<string:workflow_id>/run")
+api.add_resource(WorkflowLogsApi, "/workflows/logs")
 api.add_resource(WorkflowEventsApi, "/workflow/<string:task_id>/events")
 api.add_resource(WorkflowRunDetailApi, "/workflows/run/<string:workflow_run_id>")
 api.add_resource(WorkflowTaskStopApi, "/workflows/tasks/<string:task_id>/stop")

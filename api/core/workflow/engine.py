@@ -19,8 +19,8 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
 from .errors import NodeRunError
-from .events import make_event, now
-from .forms import FormTicket, action_title, check_submission, public_form, rendered_content
+from .events import created_by, make_event, now
+from .forms import FormTicket, action_title, check_submission, pause_reason, public_form, rendered_content
 from .graph import Graph, Node
 from .nodes import (
     LlmResult,
@@ -101,6 +101,8 @@ class _Step:
             "index": self.index,
             "predecessor_node_id": self.predecessor,
             "inputs": self.inputs,
+            # Dify marks values it cut short for the stream; this engine never cuts one.
+            "inputs_truncated": False,
         }
 
 
@@ -216,14 +218,19 @@ class WorkflowEngine:
                         yield self._event("text_chunk", {"text": token, "from_variable_selector": [node.id, "text"]})
                     outputs = result.outputs
                     self.tokens += result.total_tokens
-                    process_data = {"model_mode": "chat", "prompts": [{"role": "user", "text": result.prompt}]}
-                    metadata = {
-                        "total_tokens": result.total_tokens,
+                    # The split of the tokens is the model's usage, which Dify reports in the process
+                    # data: its execution metadata takes only its own keys (total tokens, price, currency).
+                    usage = {
                         "prompt_tokens": result.prompt_tokens,
                         "completion_tokens": result.completion_tokens,
-                        "total_price": 0,
-                        "currency": "USD",
+                        "total_tokens": result.total_tokens,
                     }
+                    process_data = {
+                        "model_mode": "chat",
+                        "prompts": [{"role": "user", "text": result.prompt}],
+                        "usage": usage,
+                    }
+                    metadata = {"total_tokens": result.total_tokens, "total_price": 0, "currency": "USD"}
                 elif node.type == "template":
                     outputs = run_template(node, pool)
                 elif node.type == "if_else":
@@ -254,7 +261,7 @@ class WorkflowEngine:
         """Open the node's form and pause: ``human_input_required``, then ``workflow_paused``."""
         node = step.node
         timeout = float(node.config.get("timeout") or self.form_timeout)
-        form = public_form(node, new_ticket(int(time.time() + timeout)))
+        form = public_form(node, new_ticket(int(time.time() + timeout)), pool)
         self.open_form(node, form)
         self.outcome = EngineOutcome(
             "paused",
@@ -277,7 +284,7 @@ class WorkflowEngine:
                 "workflow_run_id": self.workflow_run_id,
                 "paused_nodes": [node.id],
                 "outputs": {},
-                "reasons": [{**form, "type": "human_input_required"}],
+                "reasons": [pause_reason(form)],
                 "status": "paused",
                 "created_at": int(self.created_at),
                 "elapsed_time": round(max(0.0, time.time() - self.created_at), 6),
@@ -305,7 +312,7 @@ class WorkflowEngine:
         else:
             inputs, action = submission, None
         try:
-            values, action = check_submission(node, inputs, action)
+            values, action = check_submission(node, inputs, action, form)
         except NodeRunError as exc:
             yield self._node_finished(step, "failed", None, str(exc))
             yield self._finished("failed", None, str(exc), step.index)
@@ -319,6 +326,7 @@ class WorkflowEngine:
                 "rendered_content": content,
                 "action_id": action,
                 "action_text": action_title(node, action),
+                "submitted_data": values,
             },
         )
         outputs = {**values, "__action_id": action, "__rendered_content": content}
@@ -327,7 +335,8 @@ class WorkflowEngine:
         return True
 
     def _node_started(self, step: _Step) -> dict[str, Any]:
-        return self._event("node_started", {**step.fields(), "created_at": step.created_at, "extras": {}, **_NO_LOOP})
+        data = {**step.fields(), "created_at": step.created_at, "extras": {}, **_NO_LOOP, "agent_strategy": None}
+        return self._event("node_started", data)
 
     def _node_finished(
         self,
@@ -344,7 +353,9 @@ class WorkflowEngine:
             {
                 **step.fields(),
                 "process_data": {} if process_data is None else process_data,
+                "process_data_truncated": False,
                 "outputs": outputs,
+                "outputs_truncated": False,
                 "status": status,
                 "error": error,
                 "elapsed_time": round(time.monotonic() - step.started, 6),
@@ -368,6 +379,7 @@ class WorkflowEngine:
             steps=steps,
             tokens=self.tokens,
             created_at=self.created_at,
+            user=self.user,
         )
 
 
@@ -383,8 +395,12 @@ def finished_event(
     created_at: float,
     finished_at: float | None = None,
     tokens: int = 0,
+    user: str | None = None,
 ) -> dict[str, Any]:
-    """``workflow_finished``; also built by the coordinator, the lease check and the events endpoint."""
+    """``workflow_finished``; also built by the coordinator, the lease check and the events endpoint.
+
+    ``user`` is the run's end user, named in ``created_by`` (``{}`` where it is not known).
+    """
     finished = time.time() if finished_at is None else finished_at
     return make_event(
         "workflow_finished",
@@ -401,6 +417,7 @@ def finished_event(
             "total_steps": steps,
             "created_at": int(created_at),
             "finished_at": int(finished),
+            "created_by": {} if user is None else created_by(app_id, user),
             "exceptions_count": 0,
             "files": [],
         },

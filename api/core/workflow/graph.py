@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import WorkflowDefinitionError
+from .form_fields import parse_actions, parse_fields
 
 NODE_TYPES = frozenset({"start", "llm", "template", "if_else", "human_input", "end"})
 
@@ -131,8 +132,7 @@ def _validate_config(node_id: str, node_type: str, config: Mapping[str, Any]) ->
     elif node_type == "if_else":
         need("conditions", list)
     elif node_type == "human_input":
-        form = config.get("form", [])
-        if not isinstance(form, list) or not all(isinstance(f, Mapping) and f.get("name") for f in form):
-            raise WorkflowDefinitionError(f"human_input node {node_id!r}: 'form' must be a list of {{'name': ...}}")
+        parse_fields(node_id, config.get("form", []))
+        parse_actions(node_id, config.get("actions"))
     elif node_type == "end":
         need("outputs", Mapping)

@@ -1,4 +1,4 @@
-"""What delivery needs of the wire format, which the HTTP edge provides: the bytes of an item.
+"""What delivery needs of the wire format, which the HTTP edge provides: the bytes of an item, and of a chunk.
 
 The shared writer frames each event once for all its clients, so framing and the sealing of resume
 tokens happen inside delivery's loop; *how* an event becomes bytes (SSE, its ``id:`` a sealed token)
@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from api.core.app.apps.event_codec import stamp_of
-from api.core.app.apps.message_generator import StreamEvent, StreamItem
 from api.libs import metrics
+
+from .reading import StreamEvent, StreamItem
 
 
 class Framer(Protocol):
@@ -40,6 +41,11 @@ class Framer(Protocol):
 
     def retry(self, milliseconds: int) -> bytes:
         """The last message of a drained stream: come back in ``milliseconds``."""
+        ...
+
+    def wire(self, data: bytes, chunked: bool) -> bytes:
+        """``data`` as a writer writes it to the client's socket itself: one HTTP/1.1 chunk (``chunked``),
+        or bare for HTTP/1.0, as the server would have written it."""
         ...
 
 

@@ -6,10 +6,14 @@ part of an arrival's cost. While a run's writer is open here, this process's run
 reaper's checks (``run_recovery.check_run``) to that run every interval and ends the writer's clients
 when the run needs it, so an arrival may use a copy of the row read at most :data:`CARD_SECONDS`
 ago instead of reading and checking it once more. A copy is handed out only while the writer it was
-remembered with is alive and loaded, only to the app and user that own the run, and is never
-extended by its own use: one arrival per run reads the row again every :data:`CARD_SECONDS`.
-Anything else (no card, another user, a stale card) reads the row as before, so every refusal
-still comes from that one place.
+remembered with is alive (loaded, or still reading its run for the clients waiting on it), only to
+the app and user that own the run, and is never extended by its own use: one arrival per run reads
+the row again every :data:`CARD_SECONDS`, and while it does, the others keep using the card (up to
+:data:`CARD_LIMIT` old). A card is remembered before its arrival waits for a new writer to read its
+run. Without both, every arrival that came meanwhile read the row too: in a herd that outran the
+worker (1,000 clients a second) those reads kept its loop too busy for the new writers to load, for
+14 s. Anything else (no card, another user, a card past its limit) reads the row as before, so
+every refusal still comes from that one place.
 """
 
 from __future__ import annotations
@@ -20,22 +24,27 @@ from collections.abc import Callable
 
 from api.models import RowCopy, WorkflowRun
 
-__all__ = ["CARD_SECONDS", "RunCards"]
+__all__ = ["CARD_LIMIT", "CARD_SECONDS", "RunCards"]
 
 #: How old a run's row may be when an arrival uses it instead of reading it. Short beside the run
 #: watcher's interval (a third of the lease), which checks the run meanwhile either way.
 CARD_SECONDS = 2.0
+#: How old it may be while one arrival is reading it again (one that never remembers it, because its
+#: request failed, holds the others for at most this long).
+CARD_LIMIT = 5 * CARD_SECONDS
 
 WriterKey = tuple[str, bytes]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class _Card:
     writer: WriterKey
     app_id: str
     end_user: str
     row: RowCopy[WorkflowRun]
     read_at: float
+    #: When an arrival was last sent to read the row again.
+    refresh_asked_at: float = 0.0
 
 
 class RunCards:
@@ -59,11 +68,17 @@ class RunCards:
 
     def recall(self, run_or_task_id: str, *, app_id: str, end_user: str) -> WorkflowRun | None:
         """A copy of the run's row (in no session: the caller may change its own) if a fresh card of
-        this app and user exists and its writer is usable; ``None`` tells the caller to read the row."""
+        this app and user exists and its writer is usable; ``None`` tells the caller to read the row
+        (once a card is older than :data:`CARD_SECONDS`, one caller per :data:`CARD_SECONDS`)."""
         card = self._cards.get(run_or_task_id)
         if card is None or card.app_id != app_id or card.end_user != end_user:
             return None
-        if _now() - card.read_at > CARD_SECONDS or not self._usable(card.writer):
+        now = _now()
+        age = now - card.read_at
+        if age > CARD_LIMIT or not self._usable(card.writer):
+            return None
+        if age > CARD_SECONDS and now - card.refresh_asked_at >= CARD_SECONDS:
+            card.refresh_asked_at = now  # this caller reads the row again; the others use the card meanwhile
             return None
         return card.row.make()
 

@@ -1,4 +1,16 @@
-"""What one process keeps for the event streams it serves: built once, where the process starts.
+"""Delivery's one entry point, and what one process keeps for the event streams it serves.
+
+The HTTP edge turns a request into a :class:`StreamRequest` (the run, where the client starts, its
+flags, its socket and the framer of its bytes) and hands it to :meth:`DeliveryRuntime.open_stream`,
+which decides how the client is delivered:
+
+- **by its run's shared writer** (``writer``), whenever one may write the client's socket (gunicorn's
+  gevent worker, in the clear, not ``HEAD``) and the run is live: the client arrives at the writer
+  with what it missed after its start — a cursor, the run's start (a snapshot, or a run this request
+  starts), or the live tail — without a read of its own;
+- **alone** (``alone``), with a subscription of its own, where no writer may write the socket, where
+  the writer cannot continue at the client's start (a position older than its history), or for a run
+  that has ended. A client reading alone next to a writer joins it once it is level with it.
 
 :class:`DeliveryRuntime` holds the process's resume-token codec, the event transport its streams
 read through, its admission gate, its run watcher (one thread checking every watched run), its
@@ -26,24 +38,59 @@ Its rules, in one place:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Iterator
+from typing import Any
 
 from flask import Flask, current_app
 
 from api.configs import AppConfig
 from api.core.app.apps.event_transport import WorkflowEventTransport
+from api.core.app.apps.message_generator import StartAt
+from api.core.durable_stream import TopicCursor
 from api.extensions.ext_event_bus import EXTENSION_KEY as EVENTS_KEY
 from api.extensions.ext_event_bus import EventTransportExtension
+from api.libs import metrics
 from api.libs.resume_token import ResumeTokenCodec, development_key, parse_keys
+from api.models import App, WorkflowRun
+from api.models.engine import db
 
-from . import streams
+from .. import workflow_run_service as runs
+from . import alone
 from . import watcher as watcher_module
 from .admission import Admission
+from .clients import Arrival, shared_body
+from .framing import Framer
+from .reading import StreamItem
 from .watcher import RunWatcher
 from .writer import SharedWriters
 
 EXTENSION_KEY = "delivery"
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamRequest:
+    """One event-stream request, as the HTTP edge hands it to delivery."""
+
+    app: App
+    run: WorkflowRun
+    #: Where the client starts: strictly after a cursor, at the run's start (``StartAt.BEGINNING``: a
+    #: snapshot, or the run this request starts), or at the live tail (``StartAt.TAIL``: Dify's reader
+    #: without ``Last-Event-ID`` or a snapshot).
+    start: StartAt | TopicCursor
+    #: The bytes of what the response sends, bound to its run and user (SSE, sealed ids).
+    framer: Framer
+    continue_on_pause: bool = False
+    #: The request created the run: its stream is fixed at the run's start, then the run is dispatched.
+    new_run: bool = False
+    #: The client's socket where a shared writer may write it (``clients.writable_socket``), else ``None``.
+    socket: Any | None = None
+    #: HTTP/1.1 (chunked) rather than HTTP/1.0 (bare bytes until the close).
+    chunked: bool = True
+    #: ``run`` is a copy of its row that the run's writer keeps (``run_cards``), not a row just read.
+    recalled: bool = False
 
 
 class DeliveryRuntime:
@@ -66,7 +113,89 @@ class DeliveryRuntime:
             max_starting=config.SSE_MAX_STARTING,
             max_lag=config.SSE_MAX_LOOP_LAG,
             retry_after_max=config.SSE_BUSY_RETRY_AFTER_MAX,
+            max_rate=config.SSE_MAX_ARRIVAL_RATE,
+            max_streams=config.SSE_MAX_STREAMS,
         )
+
+    def find_run(self, app: App, run_or_task_id: str, user: str) -> tuple[WorkflowRun, bool]:
+        """The run a client asks for, and whether it is a copy of its row that the run's writer keeps:
+        a herd of arrivals at a run this process delivers shares one recent row instead of a query
+        each (``run_cards``); anyone else's run is read and checked (``watcher.checked_run``).
+
+        Raises:
+            NotFoundError: (404) no such run of this app and user.
+        """
+        run = self.writers.cards.recall(run_or_task_id, app_id=app.id, end_user=user)
+        metrics.RUN_LOOKUPS.tally.add(("writer" if run is not None else "database",))
+        if run is not None:
+            return run, True
+        return watcher_module.checked_run(app, run_or_task_id, user), False
+
+    def open_stream(self, request: StreamRequest) -> Iterator[bytes]:
+        """The bytes of the client's stream, each event's cursor sealed into its ``id:`` by the request's
+        framer; everything that can refuse the request is decided before the first byte. Closing the
+        iterator ends the stream and frees what it holds.
+
+        Raises:
+            GoneError: (410) ``resume_cursor_expired`` (the cursor's position is gone) or
+                ``run_events_lost`` (the retained events are not the run's whole history).
+            ServiceUnavailableError: (503) the stream store (``stream_unavailable``) or, for a new
+                run, the task queue (``queue_unavailable``) is unavailable; a new run then failed.
+            NotFoundError: (404) a recalled run is no longer this app's and user's.
+        """
+        app, run = request.app, request.run
+        ids = alone.RunIds.of(app, run)
+        arrival = self._arrive(request, ids)
+        if arrival is not None:
+            if request.new_run:
+                try:
+                    runs.dispatch(run)
+                except BaseException:
+                    arrival.cancel()
+                    raise
+            metrics.ARRIVALS.tally.add(("shared",))
+            events = None
+        else:
+            if request.new_run:
+                events = alone.run_streaming(app, run)
+            else:
+                if request.recalled:  # the client reads on its own, from the row as it is now
+                    run = watcher_module.checked_run(app, run.id, run.end_user)
+                    db.session.close()
+                cursor = None if isinstance(request.start, StartAt) else request.start
+                events = alone.reconnect(
+                    app,
+                    run,
+                    cursor=cursor,
+                    continue_on_pause=request.continue_on_pause,
+                    snapshot=request.start is StartAt.BEGINNING,
+                )
+                metrics.ARRIVALS.tally.add(("alone",))
+        if request.socket is None:
+            assert events is not None, "an arrival needs a shared writer"
+            return _alone_body(events, request.framer)
+        return shared_body(
+            events,
+            writers=self.writers,
+            socket=request.socket,
+            chunked=request.chunked,
+            ids=ids,
+            framer=request.framer,
+            continue_on_pause=request.continue_on_pause,
+            arrival=arrival,
+        )
+
+    def _arrive(self, request: StreamRequest, ids: alone.RunIds) -> Arrival | None:
+        """The client's way in at its run's writer, if a writer may write its socket and the run is live."""
+        if request.socket is None or not (request.new_run or not request.run.run_status.is_terminal):
+            return None
+        epoch = None if request.new_run else request.run.stream_epoch
+        key = (ids.topic, request.framer.binding)
+        if not request.new_run and not request.recalled:
+            # Before arriving (which may wait for a new writer to read its run): the clients arriving
+            # meanwhile use this row instead of reading it each.
+            self.writers.cards.remember(key, request.run)
+        return self.writers.arrive(key, ids, request.framer, request.start, epoch=epoch)
 
     @property
     def transport(self) -> WorkflowEventTransport:
@@ -81,7 +210,7 @@ class DeliveryRuntime:
         its own ``retry:``); a stream that starts after this ends at once. The clients resume with
         ``Last-Event-ID`` on another process; the server's drain then finds no connection left.
         """
-        writers = self.writers.drain(lambda: streams.drain_retry_ms(self._config))
+        writers = self.writers.drain(lambda: alone.drain_retry_ms(self._config))
         drained = self.watcher.drain()
         logger.info("draining: %d writer(s) and %d stream(s) told their clients to come back", writers, drained)
 
@@ -92,7 +221,7 @@ def init_app(app: Flask, config: AppConfig) -> DeliveryRuntime:
     app.extensions[EXTENSION_KEY] = built
     # For the modules the runtime's own parts import (the writers import the streams and the watcher).
     app.extensions[watcher_module.EXTENSION_KEY] = built.watcher
-    app.extensions[streams.TRANSPORT_KEY] = lambda: built.transport
+    app.extensions[alone.TRANSPORT_KEY] = lambda: built.transport
     return built
 
 
@@ -100,3 +229,15 @@ def current_runtime() -> DeliveryRuntime:
     """The current app's runtime."""
     built: DeliveryRuntime = current_app.extensions[EXTENSION_KEY]
     return built
+
+
+def _alone_body(events: Iterator[StreamItem], framer: Framer) -> Iterator[bytes]:
+    """The bytes of a client reading alone, one write per item; closing it closes ``events``."""
+    try:
+        for item in events:
+            yield framer.item(item)
+            del item  # not kept while the next one is awaited
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()

@@ -1,4 +1,15 @@
-"""One watcher per process for the runs its event streams read: run-row checks in batches, not per stream.
+"""The run's row as the read side sees it: checked when a client arrives, watched while it is streamed.
+
+The read side's one owner of run recovery. Every check a reader makes of its run's row is here:
+
+- **on arrival** (:func:`checked_run`): the run of this app and user, after the reaper's checks (an
+  expired lease or a missed start fails the run and writes its end; a pending end is written);
+- **while streaming** (:class:`RunWatcher`): one watcher per process for the runs its event streams
+  read, checked in batches, not per stream (below);
+- **what the row says** for a stream: the run's end built from its row (:func:`final_event`), whether
+  the run has left a pause a reader is about to end at (:func:`left_pause`, the stale-pause rule's
+  question), whether a finished run's events vanished rather than aged out (:func:`events_lost`),
+  and the row as it is now (:func:`latest`).
 
 An event stream must not wait forever for a run whose worker died, whose end is pending, or whose
 end a live-only transport will never deliver again. Each stream used to check its run's row on its
@@ -21,6 +32,7 @@ event. A run whose end reaches the topic needs nothing: its streams read it.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -31,17 +43,79 @@ from flask import Flask, current_app
 from sqlalchemy import select
 
 from api.core.app.apps.event_transport import EventSubscription
-from api.models import App, WorkflowRun
+from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
 from .. import run_recovery
+from .. import workflow_run_service as runs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RunWatcher", "StreamWatch", "run_watcher"]
+__all__ = [
+    "RunWatcher",
+    "StreamWatch",
+    "checked_run",
+    "events_lost",
+    "final_event",
+    "latest",
+    "left_pause",
+    "run_watcher",
+]
 
 #: Runs one query reads.
 _CHUNK = 500
+
+
+def checked_run(app: App, run_or_task_id: str, user: str) -> WorkflowRun:
+    """The run of ``app`` and ``user`` named by its id or its task's, after the reaper's checks.
+
+    Raises:
+        NotFoundError: (404) no such run of this app and user.
+    """
+    return runs.checked(app, runs.get_run_by_task(app, run_or_task_id, user, or_run_id=True))
+
+
+def final_event(run: WorkflowRun) -> dict[str, Any]:
+    """The ``workflow_finished`` of a terminal run, built from its row."""
+    return run_recovery.finished_event_of(run)
+
+
+def latest(run_id: str) -> WorkflowRun | None:
+    """The run's row as it is now (not what this session loaded before)."""
+    run = db.session.get(WorkflowRun, run_id, populate_existing=True)
+    db.session.commit()  # end the read transaction: the next look must see a fresh row
+    return run
+
+
+def left_pause(run_id: str, payload: bytes) -> bool:
+    """Whether the run has left the pause ``payload`` announced: its row is no longer paused, or paused
+    at another form (a later pause). A form answered a moment ago resumes the run before its worker
+    writes anything, and a reader replaying the run must not end at the pause it left."""
+    with db.engine.connect() as connection:
+        row = connection.execute(
+            select(WorkflowRun.status, WorkflowRun.state_json).where(WorkflowRun.id == run_id)
+        ).first()
+    if row is None:
+        return False
+    status, state_json = row
+    if status != WorkflowRunStatus.PAUSED.value:
+        return True
+    try:
+        reasons = json.loads(payload)["data"].get("reasons") or []
+        announced = reasons[0]["form_id"] if reasons else None
+        current = (json.loads(state_json or "{}").get("form") or {}).get("form_id")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return announced is not None and current is not None and announced != current
+
+
+def events_lost(run: WorkflowRun, max_age: float | None) -> bool:
+    """Whether a finished run's events vanished rather than aged out: it stored some (it knows their
+    topic's incarnation) and retention (``max_age`` seconds, or none) could not have removed them yet."""
+    if run.stream_epoch is None:
+        return False
+    finished = run.finished_timestamp or run.created_timestamp
+    return max_age is None or time.time() - finished < max_age
 
 
 class StreamWatch:
@@ -177,7 +251,7 @@ class RunWatcher:
             elif now - self._pending_since.setdefault(run.id, now) >= self._grace:
                 ending = watches
         if ending:
-            final = run_recovery.finished_event_of(run)
+            final = final_event(run)
             for watch in ending:
                 watch.end(final)
 

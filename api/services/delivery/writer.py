@@ -37,26 +37,27 @@ bytes it wrote itself.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from flask import Flask
 
-from api.core.app.apps.event_codec import encode_event, event_name
+from api.core.app.apps.event_codec import encode_event
 from api.core.app.apps.event_transport import StreamMessage
-from api.core.app.apps.message_generator import MessageGenerator, StartAt, StreamEvent
-from api.core.app.apps.read_loop import Next, ReadLoop
-from api.core.durable_stream import CLOSED, TopicCursor
+from api.core.app.apps.message_generator import MessageGenerator, StartAt
+from api.core.durable_stream import TopicCursor
 from api.libs import log_context, metrics
 
+from .alone import COALESCE, RunIds, current_transport
+from .clients import ENDED, GONE, Arrival, Delivery, Follower, Framed, Outcome
 from .endings import EndingLane
-from .followers import ENDED, GONE, PAUSED, Delivery, Follower, Framed, Outcome, both_wires, wire
 from .framing import Framer, observe_write
+from .reading import FINISHED, QUIET, ReadLoop, StreamEvent, batches
 from .run_cards import RunCards
-from .streams import COALESCE, RunIds, current_transport, pause_moved_past
-from .watcher import RunWatcher, StreamWatch
+from .watcher import RunWatcher, StreamWatch, left_pause
 
 logger = logging.getLogger(__name__)
 
@@ -68,16 +69,6 @@ ARRIVAL_PATIENCE = 30.0
 #: How long a writer without clients stays for the ones that arrived (a response whose body never
 #: started would otherwise keep it forever).
 ARRIVAL_HOLD = 60.0
-
-
-class Arrival(NamedTuple):
-    """A client's way in without a read of its own: the writer, and what it delivered after the
-    client's start (framed, to be sent before the client joins at ``cursor``)."""
-
-    writer: TopicWriter
-    missed: list[Framed]
-    cursor: TopicCursor | None
-    pause_ends: bool
 
 
 class TopicWriter:
@@ -97,7 +88,7 @@ class TopicWriter:
         self.key = key
         self._ids = ids
         self._framer = framer
-        self._ping_wires = both_wires(framer.ping)
+        self._ping_wires = {chunked: framer.wire(framer.ping, chunked) for chunked in (False, True)}
         #: The position after the last event delivered (``None``: before the topic's first; a writer
         #: always reads its topic from the beginning).
         self.position: TopicCursor | None = None
@@ -114,13 +105,13 @@ class TopicWriter:
         self._sequence: dict[TopicCursor, int] = {}
         #: The writer's pings and idle ends, by the rules of a client reading alone, with each client's join time.
         self._loop = ReadLoop(
-            terminal=frozenset(),
             now=time.monotonic(),
             ping_interval=registry.ping_interval,
             idle_timeout=registry.idle_timeout,
         )
         self._watch: StreamWatch | None = None
-        self.stale_pause = False  # the last event delivered is a pause already followed by more
+        #: Whether the last event delivered, if a pause, still ends the streams of clients that stop at pauses.
+        self.pause_ends = True
         #: Clients that arrived (:meth:`SharedWriters.arrive`) and have not joined yet, and when the last came.
         self.expected = 0
         self.arrived_at = 0.0
@@ -139,6 +130,18 @@ class TopicWriter:
         number = self._sequence.get(cursor)
         return None if number is None else self._ring[number - self._ring_start + 1 :]
 
+    def at_tail(self) -> tuple[list[Framed], TopicCursor | None] | None:
+        """Where a client that needs nothing from the past starts (Dify's reader without a cursor or a
+        snapshot): at this writer's position, with nothing missed; or, once the run has ended, with its
+        ``workflow_finished`` alone, as a client reading alone would get it from the run's row.
+        ``None`` if this writer no longer delivers its topic."""
+        if not self.alive:
+            return None
+        last = self._ring[-1] if self._ring else None
+        if last is not None and last.name == FINISHED and last.cursor == self.position:
+            return [last], self.position
+        return [], self.position
+
     def join(self, client: Follower, cursor: TopicCursor | None) -> bool:
         """Serve ``client`` from strictly after ``cursor`` on, if this writer can continue there exactly."""
         missed = self.missed_after(cursor)
@@ -148,7 +151,7 @@ class TopicWriter:
         self.clients[client] = None
         metrics.STREAMS_OPEN.tally.add(_TRANSPORT)
         if missed:
-            self._send_events(client, Delivery(missed, pause_ends=not self.stale_pause))
+            self._send_events(client, Delivery(missed, pause_ends=self.pause_ends, wire=self._framer.wire))
         return True
 
     def leave(self, client: Follower) -> None:
@@ -195,73 +198,59 @@ class TopicWriter:
     def _follow(self, subscription: Any) -> None:
         clock = time.monotonic
         loop = self._loop
-        pending: StreamMessage | None = None
-        while self.clients or not self.loaded.is_set() or (self.expected and clock() - self.arrived_at < ARRIVAL_HOLD):
-            if pending is not None:
-                item: Any = pending
-                pending = None
-            else:
-                first = next(iter(self.clients), None)  # the one that joined first times out first
-                item = subscription.receive(timeout=loop.wait(clock(), joined=first.joined_at if first else clock()))
-            if item is None:
+
+        def wait() -> float:
+            if not self.loaded.is_set():
+                # The arrivals wait for it to read what its topic holds: not for a ping first (an
+                # empty topic, or a history that filled its last batch exactly).
+                return 0.0
+            first = next(iter(self.clients), None)  # the one that joined first times out first
+            return loop.wait(clock(), joined=first.joined_at if first else clock())
+
+        for batch in batches(
+            subscription, wait=wait, coalesce=COALESCE, left_pause=functools.partial(left_pause, self._ids.run_id)
+        ):
+            if batch is QUIET:
                 self.loaded.set()  # level with the topic: the clients waiting to arrive may come
                 now = clock()
                 self._end_idle(now)
                 if loop.ping_due(now):  # due even without clients: else the next wait would be 0, again and again
                     for client in list(self.clients):
                         self._push(client, self._ping_wires[client.chunked], client.cursor, ends=False)
-                continue
-            if item is CLOSED:
+            elif batch.messages:
+                framed = [
+                    self._framed(message, name) for message, name in zip(batch.messages, batch.names, strict=True)
+                ]
+                loop.events(batch.names, clock())
+                self.pause_ends = batch.pause_ends
+                delivery = Delivery(framed, pause_ends=batch.pause_ends, wire=self._framer.wire)
+                for client in list(self.clients):
+                    self._send_events(client, delivery)
+                if batch.level:
+                    self.loaded.set()
+            if batch.closed:
                 self._end_all()
                 return
-            batch = [item]
-            closed = False
-            while len(batch) < COALESCE:
-                following = subscription.receive(timeout=0)
-                if following is None:
-                    break
-                if following is CLOSED:
-                    closed = True
-                    break
-                batch.append(following)
-            framed = [self._framed(message) for message in batch]
-            stale_pause = False
-            if framed[-1].name == PAUSED:
-                # The rules of a client reading alone (ReadLoop): a pause the run has already left ends nobody.
-                ready = False
-                if not closed and len(batch) == COALESCE:  # else the batch ended because nothing was ready
-                    following = subscription.receive(timeout=0)
-                    if following is CLOSED:
-                        closed = True
-                    elif following is not None:
-                        pending, ready = following, True
-                step = ReadLoop.looked_ahead(ready=ready, closed=closed)
-                if step is Next.ASK_ROW:
-                    step = ReadLoop.row_says(moved_past=pause_moved_past(self._ids.run_id, batch[-1].payload))
-                stale_pause = step is Next.GO_ON
-            loop.event(None, clock())
-            self.stale_pause = stale_pause
-            delivery = Delivery(framed, pause_ends=not stale_pause)
-            for client in list(self.clients):
-                self._send_events(client, delivery)
-            if closed:
-                self._end_all()
+            if not self._wanted():
                 return
-            if len(batch) < COALESCE and pending is None:
-                self.loaded.set()  # the batch ended because nothing more was ready
+
+    def _wanted(self) -> bool:
+        """Whether it still has clients, or clients that arrived and have not joined yet."""
+        if self.clients or not self.loaded.is_set():
+            return True
+        return bool(self.expected) and time.monotonic() - self.arrived_at < ARRIVAL_HOLD
 
     def drain(self, retry_ms: Callable[[], int]) -> None:
         """The process is going away: end every client with a ``retry:`` (each its own wait), at once: not
         through the ending lane, which closes a few at a time when the loop is idle (a client comes back
         only once its connection closes, and the process has its graceful timeout to close them all)."""
         for client in list(self.clients):
-            retry = wire(self._framer.retry(retry_ms()), client.chunked)
+            retry = self._framer.wire(self._framer.retry(retry_ms()), client.chunked)
             self._push(client, retry, client.cursor, ends=True, at_once=True)
 
-    def _framed(self, message: StreamMessage) -> Framed:
+    def _framed(self, message: StreamMessage, name: str | None) -> Framed:
         cursor = message.cursor
         assert cursor is not None  # a durable stream's records all have one
-        name = event_name(message.payload)
         event = StreamEvent(name or "", message.payload, cursor, message.stored)
         framed = Framed(cursor, name, self._framer.event(event), event)
         number = self._ring_start + len(self._ring)
@@ -326,7 +315,8 @@ class TopicWriter:
     def _end_all(self) -> None:
         """The topic ended: each client gets the watcher's final event if it ended the stream, then ends."""
         final = None if self._watch is None else self._watch.final_event()
-        wires = None if final is None else both_wires(self._framer.message(encode_event(final)))
+        message = None if final is None else self._framer.message(encode_event(final))
+        wires = None if message is None else {chunked: self._framer.wire(message, chunked) for chunked in (False, True)}
         for client in list(self.clients):
             if wires is None:
                 self._release(client, ENDED)
@@ -362,8 +352,10 @@ class SharedWriters:
         self.cards = RunCards(self._delivering)
 
     def _delivering(self, key: tuple[str, bytes]) -> bool:
+        # Loaded or still loading: while a new writer reads its run, the arrivals that wait for it must
+        # not each read the run's row (in a herd those reads kept the loop too busy for it to load).
         writer = self._writers.get(key)
-        return writer is not None and writer.alive and writer.loaded.is_set() and not self.watcher.draining
+        return writer is not None and writer.alive and not self.watcher.draining
 
     def join(self, key: tuple[str, bytes], client: Follower, cursor: TopicCursor, ids: RunIds, framer: Framer) -> bool:
         """Have the topic's writer serve ``client`` after ``cursor``, if it can continue there exactly.
@@ -384,10 +376,11 @@ class SharedWriters:
         return writer.join(client, cursor)
 
     def arrive(
-        self, key: tuple[str, bytes], ids: RunIds, framer: Framer, start: TopicCursor | None, *, epoch: str | None
+        self, key: tuple[str, bytes], ids: RunIds, framer: Framer, start: StartAt | TopicCursor, *, epoch: str | None
     ) -> Arrival | None:
-        """A way in for a client that starts after ``start`` (``None``: at the run's start) through the
-        topic's writer, without a read of its own; ``None`` if the writer cannot continue there exactly.
+        """A way in for a client through the topic's writer, without a read of its own: strictly after a
+        cursor, at the run's start (``StartAt.BEGINNING``: a snapshot, or a run being started), or at the
+        live tail (``StartAt.TAIL``); ``None`` if the writer cannot continue there exactly.
 
         Without a writer, one starts from the topic's beginning, so that the clients arriving after it
         find the run's history in it: the first one waits (at most :data:`ARRIVAL_PATIENCE`) until it
@@ -396,11 +389,19 @@ class SharedWriters:
         if self.watcher.draining:
             return None
         writer = self._loaded(key, ids, framer, epoch)
-        missed = writer.missed_after(start)
-        if missed is None:
+        if start is StartAt.TAIL:
+            found = writer.at_tail()
+            if found is None:
+                writer.expected -= 1
+                return None
+            missed, position = found
+            return Arrival(writer, missed, position, pause_ends=True)
+        cursor = None if start is StartAt.BEGINNING else start
+        behind = writer.missed_after(cursor)
+        if behind is None:
             writer.expected -= 1
             return None
-        return Arrival(writer, missed, missed[-1].cursor if missed else start, pause_ends=not writer.stale_pause)
+        return Arrival(writer, behind, behind[-1].cursor if behind else cursor, pause_ends=writer.pause_ends)
 
     def _loaded(self, key: tuple[str, bytes], ids: RunIds, framer: Framer, epoch: str | None = None) -> TopicWriter:
         """The topic's writer (started at the topic's beginning if there is none) once it has read what

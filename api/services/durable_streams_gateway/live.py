@@ -1,4 +1,9 @@
-"""Read answers: catch-up, long-poll and SSE, built from a stream and the ordinal a client is after."""
+"""Read answers: catch-up, long-poll and SSE, built from a stream and the ordinal a client is after.
+
+A live reader (long-poll, SSE) opened with an API key asks ``still_valid`` at least every
+``check_every`` seconds while it waits or writes: a long-poll whose key was revoked meanwhile is
+answered 401 ``key_revoked``, and an SSE response ends with an ``error`` event saying so.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +14,33 @@ import math
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from typing import Any
 
 from api.core.app.apps.event_codec import unstamped
 
-from .errors import bad_request, gone, unavailable
+from .errors import GatewayError, bad_request, gone, unavailable
 from .json_mode import join_fragments
 from .offsets import BEGINNING, NOW, Offset, epoch_tag
 from .reading import Record, RecordStream, TopicReader
 from .streams import Stream, StreamRegistry
 
-__all__ = ["ReadResult", "catch_up", "long_poll", "resolve_after", "response_cursor", "sse_events"]
+__all__ = [
+    "KEY_REVOKED",
+    "ReadResult",
+    "Validity",
+    "catch_up",
+    "key_revoked",
+    "long_poll",
+    "resolve_after",
+    "response_cursor",
+    "sse_events",
+]
+
+#: Asked while a live reader waits: is the credential that opened it still accepted? ``None``: no credential.
+Validity = Callable[[], bool] | None
+KEY_REVOKED = "key_revoked"
 
 #: Cursors (``Stream-Cursor``) count 20-second intervals from this instant, as the protocol suggests,
 #: so that CDN caches of one interval collapse identical long-polls.
@@ -115,10 +135,9 @@ def catch_up(
         # The records exist but the store delivered none in time: an empty 200 would send the client
         # back for the same offset at once, a 503 tells it to wait.
         raise unavailable("the stream's records could not be read in time; try again shortly")
-    next_offset = (
-        stream.offset(records[-1].ordinal, reader.digest_of(records[-1])) if records else stream.offset(after, digest)
-    )
-    up_to_date = (records[-1].ordinal if records else after) >= stream.tail
+    last = records[-1].ordinal if records else after
+    next_offset = stream.offset(last, reader.digest_of(records[-1]) if records else digest)
+    up_to_date = last >= stream.tail
     headers = {"Content-Type": stream.content_type, "Stream-Next-Offset": next_offset}
     if up_to_date:
         headers["Stream-Up-To-Date"] = "true"
@@ -132,6 +151,15 @@ def catch_up(
     return ReadResult(200, body_of(stream, records), headers)
 
 
+def key_revoked() -> GatewayError:
+    return GatewayError(401, f"{KEY_REVOKED}: the API key of this reader was revoked")
+
+
+def _checked(still_valid: Validity) -> None:
+    if still_valid is not None and not still_valid():
+        raise key_revoked()
+
+
 def long_poll(
     registry: StreamRegistry,
     stream: Stream,
@@ -140,8 +168,15 @@ def long_poll(
     timeout: float,
     max_bytes: int,
     digest: str = "",
+    *,
+    still_valid: Validity = None,
+    check_every: float = 1.0,
 ) -> ReadResult:
-    """Records after ``after``, waiting up to ``timeout`` for the first (204 when none come)."""
+    """Records after ``after``, waiting up to ``timeout`` for the first (204 when none come).
+
+    Raises:
+        GatewayError: (401 ``key_revoked``) ``still_valid`` said no while it waited.
+    """
     if after < stream.tail:
         result = catch_up(registry, stream, "", after, max_bytes, None, digest)
         result.headers.pop("ETag", None)
@@ -154,7 +189,11 @@ def long_poll(
     records: list[Record] = []
     reader = stream.reader(registry.backend)
     with reader.open(after, digest) as received:
-        first = received.receive(timeout)
+        deadline = time.monotonic() + timeout
+        first = None
+        while first is None and (remaining := deadline - time.monotonic()) > 0:
+            _checked(still_valid)
+            first = received.receive(min(remaining, check_every) if still_valid is not None else remaining)
         if first is not None:
             records.append(first)
             size = len(first.payload)
@@ -215,13 +254,16 @@ def sse_events(
     keepalive: float,
     max_duration: float,
     digest: str = "",
+    still_valid: Validity = None,
+    check_every: float = 1.0,
 ) -> Iterator[bytes]:
     """Every record after ``after`` as a data event, each followed by a control event; then live ones.
 
     Ends after the control event that says the stream is closed, or after ``max_duration`` (the client
-    reconnects from its last offset). Whether a live record is the newest is learnt from the
-    subscription (is another one ready?), not from the store: the stream's info is asked for only after
-    a quiet ``keepalive`` and to confirm the end of a sealed topic.
+    reconnects from its last offset), or with an ``error`` event ``key_revoked`` once ``still_valid``
+    says no (asked at least every ``check_every`` seconds). Whether a live record is the newest is
+    learnt from the subscription (is another one ready?), not from the store: the stream's info is asked
+    for only after a quiet ``keepalive`` and to confirm the end of a sealed topic.
 
     The subscription is entered here, before the first event: an offset the store cannot resume from
     (behind retention, another history) is a 410 answer, not a stream that ends without a word.
@@ -234,7 +276,17 @@ def sse_events(
     records = opened.__enter__()
     try:
         return _sse_loop(
-            registry, stream, reader, records, opened, after, digest, cursor, binary, keepalive, max_duration
+            registry,
+            stream,
+            reader,
+            records,
+            opened,
+            (after, digest, cursor),
+            binary=binary,
+            keepalive=keepalive,
+            max_duration=max_duration,
+            still_valid=still_valid,
+            check_every=check_every,
         )
     except BaseException:
         opened.__exit__(None, None, None)
@@ -247,15 +299,19 @@ def _sse_loop(
     reader: TopicReader,
     records: RecordStream,
     opened: AbstractContextManager[RecordStream],
-    after: int,
-    digest: str,
-    cursor: str | None,
+    start: tuple[int, str, str | None],
+    *,
     binary: bool,
     keepalive: float,
     max_duration: float,
+    still_valid: Validity,
+    check_every: float,
 ) -> Iterator[bytes]:
+    """:func:`sse_events` once its subscription is entered (``opened``, left here); ``start``: the
+    ordinal and digest after which it reads, and the client's ``cursor``."""
+    position, position_digest, cursor = start
     deadline = time.monotonic() + max_duration
-    position, position_digest = after, digest
+    next_check = time.monotonic() + check_every
     tail = stream.tail
     closed = stream.closed
     try:
@@ -265,11 +321,19 @@ def _sse_loop(
             if closed:
                 return
         ready: Record | None = None
-        while time.monotonic() < deadline:
+        while (now := time.monotonic()) < deadline:
+            if still_valid is not None and now >= next_check:  # records keep coming: check between them
+                next_check = now + check_every
+                if not still_valid():
+                    yield _revoked_event()
+                    return
             if ready is not None:
                 record, ready = ready, None
             else:
-                received = records.poll(keepalive if position >= tail else _READ_TIMEOUT)
+                received = _poll(records, keepalive if position >= tail else _READ_TIMEOUT, still_valid, check_every)
+                if received is _REVOKED:
+                    yield _revoked_event()
+                    return
                 if not isinstance(received, Record):
                     # Quiet, or the subscription ended (a sealed topic's end, or a closed backend).
                     current = registry.refresh(stream)
@@ -306,3 +370,31 @@ def _sse_loop(
                 return
     finally:
         opened.__exit__(None, None, None)  # entered by sse_events
+
+
+def _revoked_event() -> bytes:
+    body = {"code": KEY_REVOKED, "message": "the API key of this reader was revoked"}
+    return _sse("error", json.dumps(body, separators=(",", ":")))
+
+
+class _Revoked:
+    pass
+
+
+_REVOKED = _Revoked()
+
+
+def _poll(records: RecordStream, wait: float, still_valid: Validity, check_every: float) -> Any:
+    """``records.poll(wait)``, asking ``still_valid`` every ``check_every`` seconds meanwhile: the record,
+    ``None`` after a quiet ``wait``, the end of the subscription, or ``_REVOKED``."""
+    if still_valid is None:
+        return records.poll(wait)
+    deadline = time.monotonic() + wait
+    while True:
+        received = records.poll(max(0.0, min(deadline - time.monotonic(), check_every)))
+        if received is not None:
+            return received
+        if not still_valid():
+            return _REVOKED
+        if time.monotonic() >= deadline:
+            return None

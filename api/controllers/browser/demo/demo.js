@@ -143,23 +143,33 @@ function showForm(form) {
   for (const field of form.inputs || []) {
     const name = field.output_variable_name;
     const label = document.createElement("label");
-    /** @type {HTMLInputElement | HTMLTextAreaElement} */
+    /** @type {HTMLInputElement | HTMLTextAreaElement | HTMLSelectElement} */
     let input;
-    if (field.type === "paragraph") {
+    // Dify's form input types: paragraph, select, file, file-list. The demo takes files by URL.
+    if (field.type === "select") {
+      input = document.createElement("select");
+      const options = (field.option_source && field.option_source.value) || [];
+      for (const option of options) {
+        const choice = document.createElement("option");
+        choice.value = choice.textContent = String(option);
+        input.append(choice);
+      }
+    } else if (field.type === "file" || field.type === "file-list") {
+      input = document.createElement("input");
+      input.type = "url";
+      input.placeholder = field.type === "file" ? "https://… (a file's URL)" : "https://…, https://… (files' URLs)";
+      input.dataset.fileType = (field.allowed_file_types && field.allowed_file_types[0]) || "document";
+    } else {
       input = document.createElement("textarea");
       input.rows = 3;
       label.className = "paragraph";
-    } else {
-      input = document.createElement("input");
-      input.type = field.type === "boolean" ? "checkbox" : field.type === "number" ? "number" : "text";
     }
     input.name = name;
     input.id = `human-${name}`;
     input.dataset.type = field.type;
     const value = name in preset ? preset[name] : field.default ? field.default.value : undefined;
-    if (input instanceof HTMLInputElement && input.type === "checkbox") input.checked = Boolean(value);
-    else if (value !== undefined && value !== null) input.value = String(value);
-    label.append(input, ` ${field.label || name}${field.required ? "" : " (optional)"}`);
+    if (value !== undefined && value !== null && value !== "") input.value = String(value);
+    label.append(input, ` ${field.label || name}`);
     fields.append(label);
   }
   // One submit button per action: the one pressed names the action the form is submitted with.
@@ -192,10 +202,13 @@ function disableActions(disabled) {
 function formValues() {
   /** @type {Record<string, unknown>} */
   const values = {};
-  for (const input of $("human-fields").querySelectorAll("input, textarea")) {
-    if (input.dataset.type === "boolean") values[input.name] = input.checked;
-    else if (input.dataset.type === "number") { if (input.value !== "") values[input.name] = Number(input.value); }
-    else if (input.value !== "") values[input.name] = input.value;
+  for (const input of $("human-fields").querySelectorAll("input, textarea, select")) {
+    if (input.value === "") continue;
+    const file = (/** @type {string} */ url) =>
+      ({ type: input.dataset.fileType, transfer_method: "remote_url", url: url.trim() });
+    if (input.dataset.type === "file") values[input.name] = file(input.value);
+    else if (input.dataset.type === "file-list") values[input.name] = input.value.split(",").map(file);
+    else values[input.name] = input.value;
   }
   return values;
 }

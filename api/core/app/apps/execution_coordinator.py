@@ -58,6 +58,8 @@ class RunIdentity:
     task_id: str
     workflow_run_id: str
     created_at: float
+    #: The run's end user (``created_by`` of its ``workflow_finished``), where known.
+    end_user: str | None = None
 
 
 class RunTakenOverError(Exception):
@@ -215,6 +217,7 @@ class AppExecutionCoordinator:
             steps=self.steps,
             tokens=self.tokens,
             created_at=self.run.created_at,
+            user=self.run.end_user,
         )
 
     def _append(self, event: dict[str, Any]) -> None:

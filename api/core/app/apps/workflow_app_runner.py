@@ -70,7 +70,7 @@ def execute_run(
     app = db.session.get(App, run.app_id)
     assert app is not None
     topic_name = workflow_run_topic(app.mode, run.id)
-    identity = RunIdentity(app.id, run.task_id, run.id, run.created_timestamp)
+    identity = RunIdentity(app.id, run.task_id, run.id, run.created_timestamp, run.end_user)
     fields = log_context.fields_of(
         app_id=app.id, task_id=run.task_id, workflow_run_id=run.id, transport=config.WORKFLOW_EVENT_TRANSPORT
     )

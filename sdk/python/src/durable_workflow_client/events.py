@@ -91,6 +91,8 @@ class HumanInputRequired(Event):
     resolved_default_values: dict[str, Any]
     #: Unix seconds after which the form no longer accepts a submission.
     expiration_time: int
+    #: Where else the form can be answered (Dify: ``console``, ``email``); empty: only by its token.
+    approval_channels: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +119,8 @@ class HumanInputFormFilled(Event):
     rendered_content: str
     action_id: str
     action_text: str
+    #: The values submitted, by field name.
+    submitted_data: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -218,6 +222,7 @@ def parse_event(raw: dict[str, Any], event_id: str | None) -> Event:
             rendered_content=text(d, "rendered_content"),
             action_id=text(d, "action_id"),
             action_text=text(d, "action_text"),
+            submitted_data=mapping(d, "submitted_data"),
         )
     if name == "human_input_form_timeout":
         return HumanInputFormTimeout(

@@ -14,15 +14,27 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FormInput:
-    """One field of a form: what to send under :attr:`output_variable_name` in ``inputs``."""
+    """One field of a form: what to send under :attr:`output_variable_name` in ``inputs``.
 
-    #: ``text-input``, ``paragraph``, ``number`` or ``boolean``.
+    Dify's form input types: ``paragraph`` (text), ``select`` (one of :attr:`options`), ``file`` (one
+    file mapping) and ``file-list`` (a list of them, at most :attr:`number_limits` when that is not 0).
+    """
+
     type: str
     output_variable_name: str
+    #: The field's name unless the server sends a label (Dify's forms have none).
     label: str
+    #: Dify requires every field; a server may say otherwise.
     required: bool
-    #: ``{"type": "constant", "value": …}`` when the field has a default, else ``None``.
+    #: ``{"type": "constant" | "variable", "value": …}`` when the field has a default, else ``None``.
     default: dict[str, Any] | None
+    #: A ``select``'s choices.
+    options: list[str] = dataclasses.field(default_factory=list)
+    #: A ``file`` or ``file-list``'s limits (empty: any).
+    allowed_file_types: list[str] = dataclasses.field(default_factory=list)
+    allowed_file_extensions: list[str] = dataclasses.field(default_factory=list)
+    allowed_file_upload_methods: list[str] = dataclasses.field(default_factory=list)
+    number_limits: int = 0
 
     @property
     def default_value(self) -> Any:
@@ -41,7 +53,7 @@ class FormAction:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PauseReason:
-    """Why a run is paused: one open form (a ``human_input_required`` payload and its ``type``)."""
+    """Why a run is paused: one open form (a ``human_input_required`` payload and its tag, ``TYPE``)."""
 
     #: ``human_input_required``.
     type: str
@@ -58,6 +70,8 @@ class PauseReason:
     resolved_default_values: dict[str, Any]
     #: Unix seconds after which the form no longer accepts a submission.
     expiration_time: int
+    #: Where else the form can be answered (Dify: ``console``, ``email``); empty: only by its token.
+    approval_channels: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -101,14 +115,24 @@ def _objects(value: Any) -> list[dict[str, Any]]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
+def _strings(data: dict[str, Any], key: str) -> list[str]:
+    value = data.get(key)
+    return [str(item) for item in value] if isinstance(value, list) else []
+
+
 def form_inputs(value: Any) -> list[FormInput]:
     return [
         FormInput(
             type=text(field, "type"),
             output_variable_name=text(field, "output_variable_name"),
-            label=text(field, "label"),
-            required=bool(field.get("required", False)),
+            label=text(field, "label") or text(field, "output_variable_name"),
+            required=bool(field.get("required", True)),
             default=field["default"] if isinstance(field.get("default"), dict) else None,
+            options=_strings(mapping(field, "option_source"), "value"),
+            allowed_file_types=_strings(field, "allowed_file_types"),
+            allowed_file_extensions=_strings(field, "allowed_file_extensions"),
+            allowed_file_upload_methods=_strings(field, "allowed_file_upload_methods"),
+            number_limits=integer(field, "number_limits"),
         )
         for field in _objects(value)
     ]
@@ -134,8 +158,13 @@ def request_fields(data: dict[str, Any]) -> dict[str, Any]:
         "form_token": text(data, "form_token"),
         "resolved_default_values": mapping(data, "resolved_default_values"),
         "expiration_time": integer(data, "expiration_time"),
+        "approval_channels": _strings(data, "approval_channels"),
     }
 
 
 def pause_reasons(value: Any) -> list[PauseReason]:
-    return [PauseReason(type=text(reason, "type"), **request_fields(reason)) for reason in _objects(value)]
+    # Dify tags its pause reasons ``TYPE``; servers of before that said ``type``.
+    return [
+        PauseReason(type=text(reason, "TYPE") or text(reason, "type"), **request_fields(reason))
+        for reason in _objects(value)
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from .forms import PauseReason, pause_reasons
@@ -40,7 +41,7 @@ class RunDetail:
             id=str(body["id"]),
             workflow_id=str(body.get("workflow_id", "")),
             status=str(body["status"]),
-            inputs=dict(body.get("inputs") or {}),
+            inputs=_inputs(body.get("inputs")),
             outputs=body.get("outputs"),
             error=body.get("error"),
             total_steps=int(body.get("total_steps") or 0),
@@ -51,6 +52,16 @@ class RunDetail:
             paused_nodes=[str(node) for node in nodes] if isinstance(nodes := body.get("paused_nodes"), list) else [],
             reasons=pause_reasons(body.get("reasons")),
         )
+
+
+def _inputs(value: Any) -> dict[str, Any]:
+    """A run's inputs: a run's detail sends them as JSON text (as Dify does), a blocking answer not at all."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return dict(value) if isinstance(value, dict) else {}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

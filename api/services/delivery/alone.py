@@ -1,9 +1,9 @@
-"""Event streams for clients: streaming runs and reconnects, as domain items.
+"""A client reading a run alone: where it starts, its own subscription, and how its stream ends.
 
-The functions here yield :data:`~api.core.app.apps.message_generator.StreamItem` values — a run's
-events with their name, payload bytes as stored and cursor, pings, and notices (``error``) — and
-know nothing of SSE or resume tokens: the HTTP edge (``api.controllers.common``) frames the items
-and seals each cursor into the ``id:`` of its event.
+Used where no shared writer may write the client's socket (another server, TLS, ``HEAD``), and by a
+client a writer could not serve (:func:`reconnect` without a live writer, :func:`follow` after a
+hand-back). The items it yields (``reading``) know nothing of SSE or resume tokens: the HTTP edge
+frames them and seals each cursor into the ``id:`` of its event.
 
 Where a reader without a cursor starts is Dify's rule: from the current tail (what happens next),
 or with a snapshot from the beginning of the retained run; see :func:`reconnect`.
@@ -11,44 +11,36 @@ or with a snapshot from the beginning of the retained run; see :func:`reconnect`
 
 from __future__ import annotations
 
-import json
 import logging
 import random
-import time
 from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
 from flask import current_app
-from sqlalchemy import select
 
 from api.configs import AppConfig
 from api.core.app.apps.event_codec import encode_event, event_name
 from api.core.app.apps.event_transport import EventSubscription, StreamMessage, WorkflowEventTransport
-from api.core.app.apps.message_generator import (
-    PING,
-    IncompleteRunError,
-    MessageGenerator,
-    Notice,
-    Retry,
-    StartAt,
-    StreamEvent,
-    StreamItem,
-    stream_topic_events,
-    terminal_events,
-)
+from api.core.app.apps.message_generator import MessageGenerator, StartAt
 from api.core.app.apps.run_history import history_gap
 from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, DurableStreamError, TopicCursor
 from api.extensions.ext_durable_stream import retention_max_age
 from api.libs import log_context, metrics
 from api.libs.errors import STREAM_FAILED_RUN, STREAM_UNAVAILABLE, GoneError, ServiceUnavailableError
-from api.models import App, WorkflowRun, WorkflowRunStatus
-from api.models.engine import db
+from api.models import App, WorkflowRun
 
 from .. import run_recovery
 from .. import workflow_run_service as runs
+from . import watcher as rows
+from .reading import PING, IncompleteRunError, Notice, Retry, StreamEvent, StreamItem, read_alone
 from .watcher import run_watcher
 
 logger = logging.getLogger(__name__)
+
+HISTORY_DIVERGED_MESSAGE = (
+    "the stream store no longer holds the run's events up to this point as this client received them "
+    "(a store failover lost some); reload the run (GET /workflows/run/<id>)"
+)
 
 CURSOR_EXPIRED_MESSAGE = (
     "the run's events after this point are no longer retained; reload the run (GET /workflows/run/<id>)"
@@ -57,11 +49,6 @@ CURSOR_EXPIRED_MESSAGE = (
 DRAIN_RETRY_MIN_MS = 250
 #: Events ready at once that one chunk (one socket write) may carry.
 COALESCE = 64
-
-HISTORY_DIVERGED_MESSAGE = (
-    "the stream store no longer holds the run's events up to this point as this client received them "
-    "(a store failover lost some); reload the run (GET /workflows/run/<id>)"
-)
 
 EVENTS_LOST_MESSAGE = (
     "the run's events are not all retained (retention removed its start, or the stream store lost them); "
@@ -156,7 +143,7 @@ def reconnect(
         run_recovery.repair_lost_end(app, run)  # a failover may have lost its end: not a run to wait on
     try:
         if cursor is None and not snapshot and run.run_status.is_terminal:
-            return _only(PING, _event_of_row(run))  # what comes next is its end alone: no store needed
+            return _only(PING, _row_event(run))  # what comes next is its end alone: no store needed
         # Inside the mapping: a process's first use of the store opens its connection, which an
         # outage at that moment fails like any later call.
         transport = current_transport()
@@ -193,9 +180,9 @@ def _open(
     if run.run_status.is_terminal and cursor is None and transport.resumable:
         info = transport.topic_info(name)
         if info is None or info.length == 0:
-            if _events_lost(run):
+            if rows.events_lost(run, retention_max_age(_config())):
                 raise IncompleteRunError(f"the events of run {run.id} are gone before retention could remove them")
-            return _only(PING, _event_of_row(run))
+            return _only(PING, _row_event(run))
     subscription = MessageGenerator.retrieve_events(transport, name, StartAt.BEGINNING if cursor is None else cursor)
     first: StreamMessage | Closed | None = None
     try:
@@ -223,16 +210,6 @@ def _open(
     )
 
 
-def _events_lost(run: WorkflowRun) -> bool:
-    """Whether a finished run's events vanished rather than aged out: it stored some (it knows their
-    topic's incarnation) and retention could not have removed them yet."""
-    if run.stream_epoch is None:
-        return False
-    max_age = retention_max_age(_config())
-    finished = run.finished_timestamp or run.created_timestamp
-    return max_age is None or time.time() - finished < max_age
-
-
 def _tail(
     app: App, run: WorkflowRun, transport: WorkflowEventTransport, name: str, *, continue_on_pause: bool
 ) -> EventStream:
@@ -241,14 +218,13 @@ def _tail(
     try:
         subscription.__enter__()
         # The run may have ended between reading its row and subscribing: then its end is behind the tail.
-        latest = db.session.get(WorkflowRun, run.id, populate_existing=True)
-        db.session.commit()
+        latest = rows.latest(run.id)
     except BaseException:
         subscription.close()
         raise
     if latest is not None and latest.run_status.is_terminal:
         subscription.close()
-        return _only(PING, _event_of_row(latest))
+        return _only(PING, _row_event(latest))
     return _events(RunIds.of(app, run), subscription, continue_on_pause=continue_on_pause)
 
 
@@ -256,9 +232,9 @@ def _only(*items: StreamItem) -> EventStream:
     yield from items
 
 
-def _event_of_row(run: WorkflowRun) -> StreamEvent:
+def _row_event(run: WorkflowRun) -> StreamEvent:
     """The ``workflow_finished`` of a terminal run, built from its row (it has no position)."""
-    return StreamEvent("workflow_finished", encode_event(run_recovery.finished_event_of(run)), None)
+    return StreamEvent("workflow_finished", encode_event(rows.final_event(run)), None)
 
 
 def cursor_gone(error: CursorUnavailableError) -> tuple[str, str]:
@@ -325,6 +301,8 @@ def _events(
     first: StreamMessage | Closed | None = None,
     first_event: str | None = None,
 ) -> EventStream:
+    """The stream of a client reading ``subscription`` (entered) alone, watched by the process's run
+    watcher; its failures end it with an ``error`` notice."""
     config = _config()
     run_id = ids.run_id
     watcher = run_watcher()
@@ -342,16 +320,16 @@ def _events(
         if first is CLOSED:
             yield PING
             return
-        events = stream_topic_events(
+        events = read_alone(
             subscription,
             ping_interval=config.SSE_PING_INTERVAL,
             idle_timeout=config.SSE_IDLE_TIMEOUT,
-            terminal=terminal_events(continue_on_pause),
+            continue_on_pause=continue_on_pause,
             on_closed=watch.final_event,
             first=first,
             first_event=first_event,
             coalesce=COALESCE,
-            pause_moved_past=lambda payload: pause_moved_past(run_id, payload),
+            left_pause=lambda payload: rows.left_pause(run_id, payload),
         )
         first = None  # delivered by `events`; this frame must not keep it for the stream's life
         yield from events
@@ -376,28 +354,6 @@ def drain_retry_ms(config: AppConfig) -> int:
     return random.randint(min(DRAIN_RETRY_MIN_MS, config.SSE_DRAIN_RETRY_MAX_MS), config.SSE_DRAIN_RETRY_MAX_MS)
 
 
-def pause_moved_past(run_id: str, payload: bytes) -> bool:
-    """Whether the run has left the pause ``payload`` announced: its row is no longer paused, or paused
-    at another form (a later pause). A form answered a moment ago resumes the run before its worker
-    writes anything, and a reader replaying the run must not end at the pause it left."""
-    with db.engine.connect() as connection:
-        row = connection.execute(
-            select(WorkflowRun.status, WorkflowRun.state_json).where(WorkflowRun.id == run_id)
-        ).first()
-    if row is None:
-        return False
-    status, state_json = row
-    if status != WorkflowRunStatus.PAUSED.value:
-        return True
-    try:
-        reasons = json.loads(payload)["data"].get("reasons") or []
-        announced = reasons[0]["form_id"] if reasons else None
-        current = (json.loads(state_json or "{}").get("form") or {}).get("form_id")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return False
-    return announced is not None and current is not None and announced != current
-
-
 def _unavailable_notice(run_id: str, exc: DurableStreamError) -> Notice:
     logger.warning("run %s: the event stream failed under a reader: %s", run_id, exc)
     return _error_notice(run_id, "stream_unavailable", STREAM_UNAVAILABLE, 503)
@@ -406,8 +362,7 @@ def _unavailable_notice(run_id: str, exc: DurableStreamError) -> Notice:
 def _error_notice(run_id: str, code: str, message: str, status: int) -> Notice:
     body: dict[str, Any] = {"code": code, "message": message, "status": status}
     if status == 410:
-        run = db.session.get(WorkflowRun, run_id)
+        run = rows.latest(run_id)
         if run is not None:
-            db.session.refresh(run)
             body["run"] = runs.run_detail(run)
     return Notice("error", encode_event(body))
