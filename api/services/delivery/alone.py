@@ -22,6 +22,7 @@ from api.configs import AppConfig
 from api.core.app.apps.event_codec import encode_event, event_name
 from api.core.app.apps.event_transport import EventSubscription, StreamMessage, WorkflowEventTransport
 from api.core.app.apps.message_generator import MessageGenerator, StartAt
+from api.core.app.apps.run_history import history_gap
 from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, DurableStreamError, TopicCursor
 from api.extensions.ext_durable_stream import retention_max_age
 from api.libs import log_context, metrics
@@ -36,6 +37,11 @@ from .reading import PING, IncompleteRunError, Notice, Retry, StreamEvent, Strea
 from .watcher import run_watcher
 
 logger = logging.getLogger(__name__)
+
+HISTORY_DIVERGED_MESSAGE = (
+    "the stream store no longer holds the run's events up to this point as this client received them "
+    "(a store failover lost some); reload the run (GET /workflows/run/<id>)"
+)
 
 CURSOR_EXPIRED_MESSAGE = (
     "the run's events after this point are no longer retained; reload the run (GET /workflows/run/<id>)"
@@ -141,11 +147,14 @@ def reconnect(
 
     Raises:
         GoneError: (410) ``resume_cursor_expired``: the cursor is genuine but its position is gone;
+            ``history_diverged``: the store holds another history before the position (a failover);
             ``run_events_lost``: without a cursor, the retained events are not the run's whole
             history (its start was removed, or the topic is another incarnation than the run's).
             Both carry the run row.
         ServiceUnavailableError: (503, ``stream_unavailable``) the stream store cannot be reached.
     """
+    if run.run_status.is_terminal and (cursor is not None or snapshot):
+        rows.repair_lost_end(app, run)  # a failover may have lost its end: not a run to wait on
     try:
         if cursor is None and not snapshot and run.run_status.is_terminal:
             return _only(PING, _row_event(run))  # what comes next is its end alone: no store needed
@@ -158,7 +167,7 @@ def reconnect(
             return _tail(RunIds.of(app, run, credential), run, transport, continue_on_pause=continue_on_pause)
         return _open(RunIds.of(app, run, credential), run, transport, cursor, continue_on_pause=continue_on_pause)
     except CursorUnavailableError as exc:
-        raise _gone(run, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE) from exc
+        raise _gone(run, *cursor_gone(exc)) from exc
     except IncompleteRunError as exc:
         raise _gone(run, "run_events_lost", EVENTS_LOST_MESSAGE) from exc
     except DurableStreamError as exc:
@@ -195,8 +204,9 @@ def _open(
         if transport.resumable and cursor is None:
             # Checked after entering, so that the subscription cannot be on a newer incarnation.
             info = transport.topic_info(name)
-            if run.stream_epoch is not None and (info is None or info.epoch != run.stream_epoch):
-                raise IncompleteRunError(f"topic {name!r} is not the incarnation run {run.id} started on")
+            gap = history_gap(run, info)
+            if gap is not None:
+                raise IncompleteRunError(f"run {run.id}, topic {name!r}: {gap}")
             # Peek, so that a run whose start is gone is a 410 rather than a stream ending in an error.
             first = subscription.receive(timeout=0)
             if isinstance(first, StreamMessage) and event_name(first.payload) != "workflow_started":
@@ -239,6 +249,14 @@ def _row_event(run: WorkflowRun) -> StreamEvent:
     return StreamEvent("workflow_finished", encode_event(rows.final_event(run)), None)
 
 
+def cursor_gone(error: CursorUnavailableError) -> tuple[str, str]:
+    """The 410's code and message for a cursor the store cannot resume: ``history_diverged`` when the
+    store holds another history than the one the client received, else ``resume_cursor_expired``."""
+    if error.reason == "history_diverged":
+        return "history_diverged", HISTORY_DIVERGED_MESSAGE
+    return "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE
+
+
 def _gone(run: WorkflowRun, code: str, message: str) -> GoneError:
     return GoneError(message, code=code, details={"run": runs.run_detail(run)})
 
@@ -276,9 +294,9 @@ def follow(ids: RunIds, cursor: TopicCursor | None, *, continue_on_pause: bool) 
         return _only(_unavailable_notice(ids.run_id, exc))
     try:
         subscription.__enter__()
-    except CursorUnavailableError:
+    except CursorUnavailableError as exc:
         subscription.close()
-        return _only(_error_notice(ids.run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410))
+        return _only(_error_notice(ids.run_id, *cursor_gone(exc), 410))
     except DurableStreamError as exc:
         subscription.close()
         return _only(_unavailable_notice(ids.run_id, exc))
@@ -334,8 +352,8 @@ def _events(
             yield _error_notice(run_id, "key_revoked", KEY_REVOKED_MESSAGE, 401)
         elif watch.drained:  # the process is going away: the client comes back, to another one
             yield Retry(drain_retry_ms(config))
-    except CursorUnavailableError:
-        yield _error_notice(run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410)
+    except CursorUnavailableError as exc:
+        yield _error_notice(run_id, *cursor_gone(exc), 410)
     except IncompleteRunError:
         yield _error_notice(run_id, "run_events_lost", EVENTS_LOST_MESSAGE, 410)
     except DurableStreamError as exc:

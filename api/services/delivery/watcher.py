@@ -59,6 +59,7 @@ __all__ = [
     "final_event",
     "latest",
     "left_pause",
+    "repair_lost_end",
     "run_watcher",
 ]
 
@@ -73,6 +74,12 @@ def checked_run(app: App, run_or_task_id: str, user: str) -> WorkflowRun:
         NotFoundError: (404) no such run of this app and user.
     """
     return runs.checked(app, runs.get_run_by_task(app, run_or_task_id, user, or_run_id=True))
+
+
+def repair_lost_end(app: App, run: WorkflowRun) -> bool:
+    """Before a reader waits on a finished run: an end (or seal) the stream store lost in a failover is
+    written again (``run_recovery.repair_lost_end``); whether it was. Never raises."""
+    return run_recovery.repair_lost_end(app, run)
 
 
 def final_event(run: WorkflowRun) -> dict[str, Any]:
@@ -238,6 +245,7 @@ class RunWatcher:
         for run, app in rows:
             try:
                 run_recovery.check_run(app, run)
+                run_recovery.repair_lost_end(app, run)  # readers wait on it: an end the store lost comes back
             except Exception:  # one run's trouble must not stop the pass
                 logger.warning("could not check run %s while streaming it", run.id, exc_info=True)
                 db.session.rollback()
