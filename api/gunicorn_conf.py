@@ -9,6 +9,9 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
   start-up (modules, the Flask app, SQLAlchemy metadata, settings) then live in the permanent
   generation and are no longer scanned by every full collection, which a worker holding thousands of
   streams otherwise runs over hundreds of thousands of objects, stalling every stream while it does.
+- It lets each worker admit at most 95% of the event streams it can hold (``SSE_MAX_STREAMS`` unset:
+  its ``worker_connections`` or its open-file limit, raised to the hard limit, whichever is lower): a
+  full worker answers 503 with a Retry-After rather than leaving clients in the listen backlog.
 - It starts the API process's reaper (``API_REAPER_INTERVAL``; ``api.tasks.reaper``), so a run
   whose worker died ends within its lease and one sweep even with no Celery worker left and nobody
   reading it.
@@ -65,6 +68,7 @@ def post_worker_init(worker: Any) -> None:
         reaper = start_in_api_worker(app)
         if reaper is not None:
             worker.log.info("reaper: sweeping every %g s in this API worker", reaper.interval)
+        _limit_streams(worker, app)
         if "gevent" in sys.modules:
             drain_on_exit(worker)
     gc.collect()
@@ -76,6 +80,36 @@ def post_worker_init(worker: Any) -> None:
         gc.callbacks.append(pause_logger(worker.log, milliseconds / 1000))
     if isinstance(getattr(worker, "ppid", None), int):  # a gunicorn worker (not a test's stand-in)
         (_marks(worker.ppid) / f"ready-{worker.pid}").write_text(repr(time.time()))
+
+
+#: Open files a worker keeps for everything but its clients' sockets (its store and database
+#: connections, log files, the listening socket).
+FILES_RESERVED = 200
+
+
+def _limit_streams(worker: Any, app: Any) -> None:
+    """Admit at most 95% of the event streams this worker can hold open (``SSE_MAX_STREAMS`` unset): its
+    connections (``worker_connections``) or its open files, whichever is fewer. A full worker then still
+    accepts a connection and answers it 503 with a Retry-After, instead of leaving it in the listen
+    backlog (or failing its accept for want of a file descriptor)."""
+    import resource
+
+    from api.services.delivery import current_runtime
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    with app.app_context():
+        admission = current_runtime().admission
+        if admission.max_streams:
+            return
+        files = soft if soft != resource.RLIM_INFINITY else worker.cfg.worker_connections
+        admission.max_streams = max(1, int(0.95 * min(worker.cfg.worker_connections, files - FILES_RESERVED)))
+    worker.log.info("admission: at most %d event streams open in this worker", admission.max_streams)
 
 
 def on_reload(server: Any) -> None:
@@ -199,9 +233,9 @@ def pause_logger(log: Any, threshold: float) -> Any:
 
 
 def _metrics_config() -> Any:
-    from api.configs import AppConfig
+    from api.configs import load_config
 
-    config = AppConfig()
+    config = load_config()
     return config if config.API_METRICS_BIND else None
 
 
@@ -210,6 +244,11 @@ CONFIG_MARK = "API_GUNICORN_CONF"
 
 
 def on_starting(server: Any) -> None:
+    """Refuse to start (one line per problem) before any worker does, then prepare the metrics."""
+    from api.startup import check_or_exit
+
+    gateway = "durable_streams_app" in str(getattr(server.cfg, "wsgi_app", "") or "")
+    check_or_exit("gateway" if gateway else "api")
     os.environ[CONFIG_MARK] = "1"
     config = _metrics_config()
     if config is not None:

@@ -128,6 +128,7 @@ RESUME_OUTCOMES = (
     "resumed",
     "invalid_resume_token",
     "resume_cursor_expired",
+    "history_diverged",
     "run_events_lost",
     "not_found",
     "unavailable",
@@ -174,7 +175,7 @@ CURSOR_UNAVAILABLE = _metric(
     "backend",
     "reason",
     roles=frozenset({API}),
-    known=_per_backend("trimmed", "epoch", "foreign", "malformed", "unknown"),
+    known=_per_backend("trimmed", "epoch", "history_diverged", "foreign", "malformed", "unknown"),
 )
 UNAVAILABLE = _metric(
     "durable_stream_unavailable_total",
@@ -244,6 +245,23 @@ RESUMES = _metric(
     roles=frozenset({API}),
     known=_each(*RESUME_OUTCOMES),
 )
+RESUME_REFUSALS_BY_KEY = _metric(
+    "workflow_sse_resume_refusals_by_key_total",
+    "counter",
+    "Reconnects refused for their resume position (invalid_resume_token, resume_cursor_expired, run_events_lost) "
+    "by key bucket (one of 16, a hash of the app): how many apps meet refusals, not how often one does.",
+    "key_bucket",
+    roles=frozenset({API}),
+)
+LIMIT_REFUSALS = _metric(
+    "workflow_limit_refusals_total",
+    "counter",
+    "Requests answered 429 by a per-tenant limit, by limit and key bucket (one of 16, a hash of the app, end "
+    "user or address refused).",
+    "limit",
+    "key_bucket",
+    roles=frozenset({API}),
+)
 LAG = _metric(
     "workflow_event_delivery_lag_seconds",
     "histogram",
@@ -281,9 +299,10 @@ RUNS_FINISHED = _metric(
 REAPS = _metric(
     "workflow_run_reaps_total",
     "counter",
-    "Runs the reaper ended (lease_expired, not_started) or queued again (requeued).",
+    "Runs the reaper ended (lease_expired, not_started), queued again (requeued), or whose lost end it "
+    "wrote again (end_lost: a stream-store failover lost the end of a finished run).",
     "reason",
-    known=_each("lease_expired", "not_started", "requeued"),
+    known=_each("lease_expired", "not_started", "requeued", "end_lost"),
 )
 WATCHDOG_STOPS = _metric(
     "workflow_watchdog_stops_total",
@@ -339,6 +358,8 @@ METRICS: tuple[Metric, ...] = (
     ARRIVALS,
     RUN_LOOKUPS,
     RESUMES,
+    RESUME_REFUSALS_BY_KEY,
+    LIMIT_REFUSALS,
     LAG,
     REPLAYED,
     REPLAY_AGE,

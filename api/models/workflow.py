@@ -5,7 +5,7 @@ import enum
 import json
 from typing import Any
 
-from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, String, Text, true
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, true
 from sqlalchemy.orm import Mapped, mapped_column
 
 from .engine import db
@@ -28,6 +28,8 @@ class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
     """One run of an app's workflow, across pauses and resumes (one task id, one event topic)."""
 
     __tablename__ = "workflow_runs"
+    #: An app's active runs are counted at each start when APP_MAX_ACTIVE_REQUESTS is set.
+    __table_args__ = (Index("ix_workflow_runs_app_status", "app_id", "status"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     task_id: Mapped[str] = mapped_column(String(36), unique=True, index=True, default=new_id)
@@ -71,6 +73,14 @@ class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
     )
     #: Unix time before which nobody else may repair the end (its finisher is still retrying it).
     stream_repair_after: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: The topic's last ordinal and last digest when its end was written (sealed): the position that
+    #: proves a stream whole later, and whose absence (a store failover lost the end) gets it repaired.
+    stream_final_ordinal: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stream_final_digest: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    #: The last event the worker appended, as its lease renewal last recorded it (ordinal, digest): if
+    #: the worker dies and the store has lost it, the run's history is beyond repair, and says so.
+    stream_progress_ordinal: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stream_progress_digest: Mapped[str | None] = mapped_column(String(16), nullable=True)
     created_at: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
     finished_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 

@@ -32,7 +32,7 @@ from api.libs.errors import (
 from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
-from . import end_user_service, file_service, run_recovery, task_queue
+from . import end_user_service, file_service, limits, run_recovery, task_queue
 from .app_info_service import WORKFLOW_FILE_UPLOAD_LIMIT
 from .validation import could_be_our_id, require_user
 
@@ -95,7 +95,12 @@ def _file_input(app: App, variable: Mapping[str, Any], value: Any) -> Any:
 
 
 def new_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
-    """A run row, added to the session but not committed."""
+    """A run row, added to the session but not committed.
+
+    Raises:
+        TooManyRequestsError: (429) the app has ``APP_MAX_ACTIVE_REQUESTS`` runs active (``limits``).
+    """
+    limits.check_active_runs(app)
     run = WorkflowRun(
         app_id=app.id,
         end_user=user,

@@ -95,3 +95,27 @@ def test_a_long_queue_of_refused_clients_is_told_at_most_the_longest_wait() -> N
             pass
         turns.append(caught.value.retry_after)
     assert turns[:3] == [2, 3, 4] and max(turns) == 30 and turns == sorted(turns)
+
+
+def test_open_streams_past_the_limit_are_refused_until_one_closes() -> None:
+    gate = Admission(max_starting=0, max_lag=0, retry_after_max=5, max_streams=2)
+    refused = metrics.ADMISSION_REFUSED.tally.values.get(("streams",), [0.0])[0]
+    bodies = []
+    for _ in range(2):
+        with gate.start():
+            bodies.append(gate.holding(iter([b"ping"])))
+    waits = set()
+    for _ in range(100):
+        with pytest.raises(ServerBusyError) as caught, gate.start():
+            pass
+        waits.add(caught.value.retry_after)
+    # Room frees only as streams end: the refused come back later than a busy loop's refusals do.
+    assert min(waits) >= 5 and max(waits) <= 30 and len(waits) > 5
+    assert metrics.ADMISSION_REFUSED.tally.values.get(("streams",), [0.0])[0] == refused + 100
+    closed = bodies.pop()
+    closed.close()  # never iterated: its client left before the first byte
+    closed.close()  # a second close counts once
+    assert gate.open == 1
+    with gate.start():
+        bodies.append(gate.holding(iter([b"ping"])))
+    assert list(bodies[-1]) == [b"ping"] and gate.open == 2

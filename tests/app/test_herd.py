@@ -20,7 +20,7 @@ from harness.sse import parse_sse
 from harness.waiting import wait_until
 from tests.app.test_drain import read, stored
 from tests.app.test_operations_served import Scraper
-from tests.app.test_service_api import slow_greeting
+from tests.app.test_service_api import GREETING, slow_greeting
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -177,3 +177,58 @@ def refused_answer(url: str, headers: dict[str, str]) -> requests.Response:
     response = requests.get(url, headers=headers, timeout=30)
     assert response.status_code == 503, response.text
     return response
+
+
+def test_a_worker_at_its_open_stream_limit_refuses_more_and_takes_them_once_one_ends(
+    tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
+    # A client that leaves a parked stream is noticed at the writer's next write to it: its ping.
+    ping = 0.5
+    env = base_env(tmp_path, SSE_MAX_STREAMS="2", SSE_BUSY_RETRY_AFTER_MAX="3", SSE_PING_INTERVAL=str(ping))
+    with ServedStack(env, tmp_path / "stack", servers=1, workers_per_server=1, celery_concurrency=1) as served:
+        key = served.create_app(GREETING)
+        url = served.urls[0]
+        headers = {"Authorization": f"Bearer {key}"}
+        run_id = requests.post(
+            f"{url}/v1/workflows/run",
+            json={"inputs": {"name": "full", "mood": "formal"}, "user": "u1", "response_mode": "async"},
+            headers=headers,
+            timeout=30,
+        ).json()["workflow_run_id"]
+        wait_until(lambda: stored(served, run_id), 30, "the run to start")
+        events_url = f"{url}/v1/workflow/{run_id}/events?user=u1&continue_on_pause=true"
+        # Two streams open (a run waiting for its form keeps them open), one from the tail, one replaying.
+        first = requests.get(events_url, headers=headers, stream=True, timeout=30)
+        second = requests.get(f"{events_url}&include_state_snapshot=true", headers=headers, stream=True, timeout=30)
+        request.addfinalizer(first.close)
+        request.addfinalizer(second.close)
+        assert (first.status_code, second.status_code) == (200, 200)
+        refused = requests.get(events_url, headers=headers, timeout=30)
+        assert refused.status_code == 503 and refused.json()["code"] == "server_busy", refused.text
+        assert 3 <= int(refused.headers["Retry-After"]) <= 30
+        first.close()  # its client leaves: the worker counts the stream as ended
+        # Streams count until the server closes their body: the one admitted here too.
+        again = wait_until(
+            lambda: ok_or_none(requests.get(events_url, headers=headers, stream=True, timeout=30)),
+            40 * ping,
+            "a stream admitted once one ended",
+        )
+
+        again.close()
+        second.close()
+        assert 500 not in served.statuses()
+
+
+def test_a_gunicorn_worker_admits_at_most_what_it_can_hold(tmp_path: pathlib.Path) -> None:
+    """Without SSE_MAX_STREAMS, a worker's limit is 95% of its connections or of its open files."""
+    env = base_env(tmp_path, WEB_WORKER_CONNECTIONS="1000")
+    with ServedStack(env, tmp_path / "stack", servers=1, workers_per_server=1, celery_concurrency=1) as served:
+        log = served.servers[0].log_tail(100_000)
+        assert "admission: at most 950 event streams open in this worker" in log, log[-2000:]
+
+
+def ok_or_none(response: requests.Response) -> requests.Response | None:
+    if response.status_code == 200:
+        return response
+    response.close()
+    return None

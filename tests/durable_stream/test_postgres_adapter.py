@@ -189,6 +189,50 @@ def test_migration_command_and_create_tables_false(schema: str, open_backend: Ca
         assert [r.payload for r in drain(subscription, 1, timeout=20)] == [b"after migration"]
 
 
+VERSION_1_DDL = """
+CREATE SCHEMA "{s}";
+CREATE TABLE "{s}".topics (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, name text NOT NULL UNIQUE, epoch text NOT NULL,
+    first_seq bigint NOT NULL DEFAULT 1, last_seq bigint NOT NULL DEFAULT 0, sealed boolean NOT NULL DEFAULT false,
+    updated_at timestamptz NOT NULL DEFAULT clock_timestamp(), CHECK (first_seq >= 1 AND first_seq <= last_seq + 1)
+);
+CREATE TABLE "{s}".records (
+    topic_id bigint NOT NULL, seq bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    payload bytea NOT NULL, PRIMARY KEY (topic_id, seq)
+);
+CREATE TABLE "{s}".meta (key text PRIMARY KEY, value text NOT NULL);
+INSERT INTO "{s}".meta VALUES ('identity', 'old-store'), ('schema_version', '1');
+INSERT INTO "{s}".topics (name, epoch, last_seq) VALUES ('t', 'e1', 2);
+INSERT INTO "{s}".records (topic_id, seq, payload) SELECT id, 1, 'a' FROM "{s}".topics;
+INSERT INTO "{s}".records (topic_id, seq, payload) SELECT id, 2, 'b' FROM "{s}".topics;
+"""
+
+
+def test_a_version_1_store_is_upgraded_in_place(
+    schema: str, engine: sqlalchemy.Engine, open_backend: Callable[..., Any]
+) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(VERSION_1_DDL.format(s=schema))
+    # Without create_tables the adapter does not change the tables itself: it says what to run.
+    with pytest.raises(DurableStreamUnavailableError, match=r"schema version 1.*adapters\.postgres\.schema"):
+        open_backend(create_tables=False)
+    backend = open_backend()
+    assert hooks.identity(backend) == "postgresql:old-store"  # the same store: its cursors stay valid
+    topic = backend.topic("t")
+    topic.append(b"c")
+    with topic.subscribe_from_beginning() as subscription:
+        records = drain(subscription, 3, timeout=20)
+    assert [r.payload for r in records] == [b"a", b"b", b"c"]
+    digests = [backend.admin.cursor_position("t", r.cursor).digest for r in records]
+    assert digests[:2] == ["", ""] and len(digests[2]) == 16
+    with topic.subscribe_from_cursor(records[0].cursor) as resumed:
+        assert [r.payload for r in drain(resumed, 2, timeout=20)] == [b"b", b"c"]
+    with engine.connect() as conn:
+        version = conn.exec_driver_sql(f"""SELECT value FROM "{schema}".meta WHERE key = 'schema_version'""").scalar()
+    assert version == "2"
+    open_backend(create_tables=False)  # upgraded: no DDL needed any more
+
+
 def test_database_errors_surface_only_as_contract_errors(
     open_backend: Callable[..., DurableStreamBackend], schema: str, engine: sqlalchemy.Engine
 ) -> None:

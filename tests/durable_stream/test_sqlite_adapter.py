@@ -163,13 +163,57 @@ def test_durable_by_default_in_wal_mode_with_the_documented_schema(
     check = sqlite3.connect(db)
     try:
         assert check.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert check.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert check.execute("PRAGMA user_version").fetchone()[0] == 2
         topics = [row[1] for row in check.execute("PRAGMA table_info(topics)")]
         records = [row[1] for row in check.execute("PRAGMA table_info(records)")]
     finally:
         check.close()
-    assert topics == ["id", "name", "epoch", "first_seq", "last_seq", "sealed", "updated_at"]
-    assert records == ["topic_id", "seq", "created_at", "payload"]
+    assert topics == ["id", "name", "epoch", "first_seq", "last_seq", "sealed", "updated_at", "last_digest"]
+    assert records == ["topic_id", "seq", "created_at", "payload", "digest"]
+
+
+VERSION_1_SCHEMA = (
+    "CREATE TABLE topics (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, epoch TEXT NOT NULL, "
+    "first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, sealed INTEGER NOT NULL, updated_at REAL NOT NULL)",
+    "CREATE TABLE records (topic_id INTEGER NOT NULL, seq INTEGER NOT NULL, created_at REAL NOT NULL, "
+    "payload BLOB NOT NULL, PRIMARY KEY (topic_id, seq)) WITHOUT ROWID",
+)
+
+
+def test_a_version_1_database_is_migrated_and_its_topics_go_on(db: pathlib.Path) -> None:
+    # A database of the previous release: two records without digests.
+    old = sqlite3.connect(db)
+    try:
+        old.execute("PRAGMA journal_mode = WAL")
+        for statement in VERSION_1_SCHEMA:
+            old.execute(statement)
+        old.execute("INSERT INTO topics VALUES (1, 't', 'e1', 1, 2, 0, 0)")
+        old.execute("INSERT INTO records VALUES (1, 1, 0, x'61'), (1, 2, 0, x'62')")
+        old.execute("PRAGMA user_version = 1")
+        old.commit()
+    finally:
+        old.close()
+    with connect(_url(db)) as backend:
+        topic = backend.topic("t")
+        topic.append(b"c")
+        with topic.subscribe_from_beginning() as subscription:
+            records = [subscription.receive(timeout=5) for _ in range(3)]
+        payloads = [r.payload for r in records if isinstance(r, DurableStreamRecord)]
+        assert payloads == [b"a", b"b", b"c"]
+        digests = [
+            backend.admin.cursor_position("t", r.cursor).digest for r in records if isinstance(r, DurableStreamRecord)
+        ]
+        # The old records' digests are unknown (their cursors resume by ordinal); the new one's is known.
+        assert digests[:2] == ["", ""] and len(digests[2]) == 16
+        assert isinstance(records[0], DurableStreamRecord)
+        with topic.subscribe_from_cursor(records[0].cursor) as resumed:
+            again = [resumed.receive(timeout=5) for _ in range(2)]
+        assert [r.payload for r in again if isinstance(r, DurableStreamRecord)] == [b"b", b"c"]
+    check = sqlite3.connect(db)
+    try:
+        assert check.execute("PRAGMA user_version").fetchone()[0] == 2
+    finally:
+        check.close()
 
 
 def test_binary_payloads_round_trip(backend: DurableStreamBackend) -> None:
@@ -455,7 +499,7 @@ def test_processes_opening_a_fresh_file_at_once_create_the_schema_once(tmp_path:
     try:
         tables = sorted(row[0] for row in check.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
         assert tables == ["records", "topics"]
-        assert check.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert check.execute("PRAGMA user_version").fetchone()[0] == 2
     finally:
         check.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import re
@@ -17,11 +18,15 @@ from api.configs import AppConfig
 from api.core.durable_stream import CursorUnavailableError, DurableStreamError
 from api.extensions.ext_durable_stream import durable_stream, retention_max_age
 from api.libs import metrics
+from api.libs.errors import TooManyRequestsError
+from api.services import credentials, limits
+from api.services.credentials import Credential
 from api.services.durable_streams_gateway import access, creating, live, writing
 from api.services.durable_streams_gateway.creating import CreateRequest
 from api.services.durable_streams_gateway.errors import GatewayError, bad_request, unavailable
 from api.services.durable_streams_gateway.json_mode import media_type
 from api.services.durable_streams_gateway.offsets import OffsetError, parse_offset
+from api.services.durable_streams_gateway.reading import cursor_gone_message
 from api.services.durable_streams_gateway.streams import Stream, StreamRegistry
 
 logger = logging.getLogger(__name__)
@@ -55,6 +60,9 @@ def create_blueprint(prefix: str) -> Blueprint:
 
     @bp.after_request
     def security_headers(response: Response) -> Response:
+        if response.status_code in (204, 304):
+            # No body, so no media type: Flask's default (text/html) would misdescribe the answer.
+            response.headers.pop("Content-Type", None)
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Cross-Origin-Resource-Policy"] = "cross-origin"
         response.headers["Access-Control-Allow-Origin"] = "*"
@@ -97,7 +105,7 @@ def _serve(path: str) -> Response:
     except GatewayError as exc:
         response = _text(exc.status, exc.message, exc.headers)
     except CursorUnavailableError as exc:
-        response = _text(410, f"the offset is no longer retained ({exc.reason})")
+        response = _text(410, cursor_gone_message(exc))
     except (DurableStreamError, OperationalError, PoolTimeoutError) as exc:
         logger.warning("durable streams gateway: %s %s: the store is unavailable: %s", method, path, exc)
         failure = unavailable()
@@ -121,35 +129,61 @@ def _dispatch(method: str, path: str) -> Response:
     )
     registry = _registry()
     if method == "PUT":
-        return _create(registry, path)
+        return _create(registry, path, target.credential)
     if method == "POST":
-        return _append(registry, path)
+        return _append(registry, path, target.credential)
     if method == "DELETE":
         registry.delete(path)
         return Response(status=204)
-    stream = registry.load_run(path, target.run_topic) if target.run_topic else registry.load(path)
+    if target.run_topic:
+        stream = registry.load_run(path, target.run_topic, pending=target.run_pending)
+    else:
+        stream = registry.load(path)
     if method == "HEAD":
         # An access that keeps the metadata young under age retention, but does not slide a TTL.
         registry.touch(stream, slide=False)
         return _head(stream)
-    return _read(registry, stream)
+    return _read(registry, stream, _validity(target.credential))
 
 
-def _body() -> bytes:
+def _validity(credential: Credential | None) -> live.Validity:
+    """What a live reader asks while it waits: is the API key that opened it still accepted?"""
+    if credential is None:
+        return None
+    return lambda: credentials.still_valid(credential)
+
+
+def _body(credential: Credential | None = None) -> bytes:
+    """The request's body, counted against its key's bytes a minute (429 beyond, before it is stored)."""
     limit = _config().DURABLE_STREAMS_GATEWAY_MAX_APPEND_BYTES
     if request.content_length is not None and request.content_length > limit:
         raise GatewayError(413, f"the body is larger than {limit} bytes")
     body = request.stream.read(limit + 1)
     if len(body) > limit:
         raise GatewayError(413, f"the body is larger than {limit} bytes")
+    if credential is not None:
+        with _limited():
+            limits.check_gateway_bytes(credential.app_id, len(body))
     return body
+
+
+@contextlib.contextmanager
+def _limited() -> Iterator[None]:
+    """A per-key limit's refusal as the protocol answers it: 429 with Retry-After."""
+    try:
+        yield
+    except TooManyRequestsError as exc:
+        raise GatewayError(429, f"{exc.code}: {exc.message}", {"Retry-After": str(exc.retry_after)}) from exc
 
 
 def _header(name: str) -> str | None:
     return request.headers.get(name)
 
 
-def _create(registry: StreamRegistry, path: str) -> Response:
+def _create(registry: StreamRegistry, path: str, credential: Credential | None) -> Response:
+    if credential is not None:
+        with _limited():
+            limits.check_gateway_create(credential.app_id)
     forked_from = _header("Stream-Forked-From")
     content_type = _header("Content-Type")
     if not content_type or not _CONTENT_TYPE.fullmatch(media_type(content_type)):
@@ -194,7 +228,7 @@ def _create(registry: StreamRegistry, path: str) -> Response:
             expires_at=expires_text,
             expires_at_epoch=expires_epoch,
             closed=_header("Stream-Closed") == "true",
-            body=_body(),
+            body=_body(credential),
             forked_from=forked_from,
             fork_offset=fork_offset,
             fork_sub_offset=sub,
@@ -250,7 +284,7 @@ def _parse_timestamp(text: str) -> float:
         raise bad_request("invalid Stream-Expires-At") from exc
 
 
-def _append(registry: StreamRegistry, path: str) -> Response:
+def _append(registry: StreamRegistry, path: str, credential: Credential | None) -> Response:
     ids = (_header("Producer-Id"), _header("Producer-Epoch"), _header("Producer-Seq"))
     producer = None
     if any(value is not None for value in ids):
@@ -269,7 +303,7 @@ def _append(registry: StreamRegistry, path: str) -> Response:
         registry,
         path,
         writing.AppendRequest(
-            body=_body(),
+            body=_body(credential),
             content_type=_header("Content-Type"),
             seq=stream_seq,
             producer=producer,
@@ -297,7 +331,7 @@ def _head(stream: Stream) -> Response:
     return response
 
 
-def _read(registry: StreamRegistry, stream: Stream) -> Response:
+def _read(registry: StreamRegistry, stream: Stream, still_valid: live.Validity) -> Response:
     config = _config()
     offsets = request.args.getlist("offset")
     if len(offsets) > 1:
@@ -314,17 +348,28 @@ def _read(registry: StreamRegistry, stream: Stream) -> Response:
         raise bad_request(f"live={live_mode} needs an offset")
     if live_mode not in (None, "", "long-poll", "sse"):
         raise bad_request("live must be long-poll or sse")
-    after = live.resolve_after(stream, offset)
+    after, digest = live.resolve_after(stream, offset)
     registry.touch(stream)
     cursor = request.args.get("cursor")
     max_bytes = config.DURABLE_STREAMS_GATEWAY_MAX_READ_BYTES
     if live_mode == "sse":
-        return _sse(registry, stream, after, cursor)
+        return _sse(registry, stream, after, digest, cursor, still_valid)
     if live_mode == "long-poll":
-        wait = config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS
-        result = live.from_the_beginning(
-            registry, stream, offset, lambda read, at: live.long_poll(registry, read, at, cursor, wait, max_bytes)
-        )
+
+        def long_poll(read: Stream, at: int, at_digest: str) -> live.ReadResult:
+            return live.long_poll(
+                registry,
+                read,
+                at,
+                cursor,
+                config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS,
+                max_bytes,
+                at_digest,
+                still_valid=still_valid,
+                check_every=config.CREDENTIAL_CHECK_INTERVAL,
+            )
+
+        result = live.from_the_beginning(registry, stream, offset, long_poll)
     elif offset_text == "now":
         body = b"[]" if stream.json else b""
         headers = {
@@ -338,12 +383,11 @@ def _read(registry: StreamRegistry, stream: Stream) -> Response:
         result = live.ReadResult(200, body, headers)
     else:
         start, if_none_match = offset_text or "-1", _header("If-None-Match")
-        result = live.from_the_beginning(
-            registry,
-            stream,
-            offset,
-            lambda read, at: live.catch_up(registry, read, start, at, max_bytes, if_none_match),
-        )
+
+        def catch_up(read: Stream, at: int, at_digest: str) -> live.ReadResult:
+            return live.catch_up(registry, read, start, at, max_bytes, if_none_match, at_digest)
+
+        result = live.from_the_beginning(registry, stream, offset, catch_up)
     response = Response(result.body, status=result.status)
     for key, value in result.headers.items():
         response.headers[key] = value
@@ -352,7 +396,14 @@ def _read(registry: StreamRegistry, stream: Stream) -> Response:
     return response
 
 
-def _sse(registry: StreamRegistry, stream: Stream, after: int, cursor: str | None) -> Response:
+def _sse(
+    registry: StreamRegistry,
+    stream: Stream,
+    after: int,
+    digest: str,
+    cursor: str | None,
+    still_valid: live.Validity,
+) -> Response:
     config = _config()
     kind = media_type(stream.content_type)
     binary = not (kind.startswith("text/") or kind == "application/json")
@@ -361,9 +412,12 @@ def _sse(registry: StreamRegistry, stream: Stream, after: int, cursor: str | Non
         stream,
         after,
         cursor,
+        digest=digest,
         binary=binary,
         keepalive=config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS,
         max_duration=config.DURABLE_STREAMS_GATEWAY_SSE_MAX_SECONDS,
+        still_valid=still_valid,
+        check_every=config.CREDENTIAL_CHECK_INTERVAL,
     )
 
     def guarded() -> Iterator[bytes]:

@@ -4,6 +4,10 @@ A herd (every client of every live run reconnecting after a deploy) must not tur
 each start, read their run and then time out, nor degrade every stream the worker already serves. A
 stream is refused with 503 ``server_busy`` and a ``Retry-After`` when
 
+- ``max_streams`` of this process's admitted streams are open (set below the connections one worker
+  accepts, so that a full worker can still answer, not leave the rest waiting in the listen backlog);
+  the refused come back after a ``Retry-After`` spread over ``retry_after_max`` to :data:`MAX_RETRY_AFTER`
+  seconds, since room frees only as streams end;
 - more than ``max_rate`` streams a second arrive (a token bucket holding one second of arrivals):
   past what one worker can start while it keeps delivering to the streams it has, every start slows
   every stream. Each refused client is told to come back at its own turn after the clients already
@@ -25,7 +29,8 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from api.libs import metrics
 from api.libs.errors import ServerBusyError
@@ -47,6 +52,7 @@ class Admission:
         max_lag: float,
         retry_after_max: int,
         max_rate: float = 0.0,
+        max_streams: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._max_starting = max_starting
@@ -60,6 +66,9 @@ class Admission:
         #: When the last refused client was told to come back (its slot in the queue of the refused).
         self._queue_end = 0.0
         self.starting = 0
+        #: The most admitted streams open at once (0: no limit), and how many are open.
+        self.max_streams = max_streams
+        self.open = 0
         #: How far behind the event loop was at the probe's last wake-up, in seconds.
         self.lag = 0.0
         self._probe: object | None = None
@@ -69,9 +78,16 @@ class Admission:
         """Admit one stream for its start (the ``with`` block), or refuse it.
 
         Raises:
-            ServerBusyError: (503 ``server_busy``) too many streams are starting, or the loop is behind.
+            ServerBusyError: (503 ``server_busy``) too many streams are open, arriving or starting, or the
+                loop is behind.
         """
         self._ensure_probe()
+        if self.max_streams and self.open >= self.max_streams:
+            metrics.ADMISSION_REFUSED.tally.add(("streams",))
+            raise ServerBusyError(
+                BUSY_MESSAGE,
+                retry_after=random.randint(self._retry_after_max, max(self._retry_after_max, MAX_RETRY_AFTER)),
+            )
         if self._max_rate and not self._take_token():
             metrics.ADMISSION_REFUSED.tally.add(("rate",))
             raise ServerBusyError(BUSY_MESSAGE, retry_after=self._turn())
@@ -91,6 +107,10 @@ class Admission:
             yield
         finally:
             self.starting -= 1
+
+    def holding(self, body: Iterable[Any]) -> Iterable[Any]:
+        """``body`` (an admitted stream's response body), counted as open until the server closes it."""
+        return _Counted(self, body)
 
     def _take_token(self) -> bool:
         now = self._clock()
@@ -135,3 +155,30 @@ def _gevent_patched() -> bool:
     except ImportError:  # pragma: no cover - gevent is a dependency
         return False
     return bool(monkey.is_module_patched("socket"))
+
+
+class _Counted:
+    """An admitted stream's body: one more open stream until it is closed (once), started or not."""
+
+    __slots__ = ("_admission", "_body", "_iterator")
+
+    def __init__(self, admission: Admission, body: Iterable[Any]) -> None:
+        self._admission = admission
+        self._body: Iterable[Any] | None = body
+        self._iterator = iter(body)
+        admission.open += 1
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._iterator)
+
+    def close(self) -> None:
+        body, self._body = self._body, None
+        if body is None:
+            return
+        self._admission.open -= 1
+        close = getattr(body, "close", None)
+        if close is not None:
+            close()

@@ -6,13 +6,14 @@ part of an arrival's cost. While a run's writer is open here, this process's run
 reaper's checks (``run_recovery.check_run``) to that run every interval and ends the writer's clients
 when the run needs it, so an arrival may use a copy of the row read at most :data:`CARD_SECONDS`
 ago instead of reading and checking it once more. A copy is handed out only while the writer it was
-remembered with is alive and loaded, only to the app and user that own the run, and is never
-extended by its own use: one arrival per run reads the row again every :data:`CARD_SECONDS`, and
-while it does, the others keep using the card (up to :data:`CARD_LIMIT` old). Without that, every
-arrival that came while the row was being read again read it too, and in a herd that outran the
-worker those reads were a third of its CPU, which slowed the next refresh further (measured: 4,000
-clients at 1,000/s). Anything else (no card, another user, a card past its limit) reads the row as
-before, so every refusal still comes from that one place.
+remembered with is alive (loaded, or still reading its run for the clients waiting on it), only to
+the app and user that own the run, and is never extended by its own use: one arrival per run reads
+the row again every :data:`CARD_SECONDS`, and while it does, the others keep using the card (up to
+:data:`CARD_LIMIT` old). A card is remembered before its arrival waits for a new writer to read its
+run. Without both, every arrival that came meanwhile read the row too: in a herd that outran the
+worker (1,000 clients a second) those reads kept its loop too busy for the new writers to load, for
+14 s. Anything else (no card, another user, a card past its limit) reads the row as before, so
+every refusal still comes from that one place.
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ from sqlalchemy import select
 
 from api.core.app.apps.topics import workflow_run_topic
 from api.libs.errors import UnauthorizedError
-from api.models import App, WorkflowRun
+from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 from api.services import app_service
+from api.services.credentials import Credential
 from api.services.validation import could_be_our_id
 
 from .errors import GatewayError, bad_request, not_found
@@ -37,31 +38,39 @@ class Target:
     path: str
     #: A workflow run's topic (read-only), or ``None`` for a gateway stream.
     run_topic: str | None = None
+    #: The API key the request proved, if any: live readers re-check it while they wait.
+    credential: Credential | None = None
+    #: The run is accepted and has not started its stream yet (no epoch recorded, not ended): its
+    #: topic is created empty when missing, so that a reader that comes at once waits for its events
+    #: instead of being told (404) that there are none.
+    run_pending: bool = False
 
 
 def authorize(path: str, authorization: str | None, *, write: bool, anonymous: bool) -> Target:
     """Check the caller's right to ``path``; raise a 400/401/403/404 :class:`GatewayError` if it has none."""
     validate_path(path)
     app = _caller(authorization)
+    credential = None if app is None else Credential.for_key(app.id, app_service.bearer_key(authorization))
     if path.startswith(RUNS_PREFIX):
         if app is None:
             raise GatewayError(401, "reading a workflow run needs its app's API key")
         if write:
             raise GatewayError(403, "workflow runs are read-only through the gateway")
-        return Target(path, _run_topic(app, path[len(RUNS_PREFIX) :]))
+        topic, pending = _run_topic(app, path[len(RUNS_PREFIX) :])
+        return Target(path, topic, credential, pending)
     if path.startswith(APPS_PREFIX):
         owner = path[len(APPS_PREFIX) :].split("/", 1)[0]
         if app is None:
             raise GatewayError(401 if not anonymous else 403, "an app's streams need its API key")
         if owner != app.id:
             raise GatewayError(403, "these streams belong to another app")
-        return Target(path)
+        return Target(path, credential=credential)
     if app is not None:
         if write:
             raise GatewayError(403, f"an API key writes only under {APPS_PREFIX}{app.id}/")
         if not anonymous:
             raise GatewayError(403, "open streams are not served (anonymous access is off)")
-        return Target(path)
+        return Target(path, credential=credential)
     if not anonymous:
         raise GatewayError(401, "an API key is required (Authorization: Bearer <app api key>)")
     return Target(path)
@@ -87,13 +96,18 @@ def _caller(authorization: str | None) -> App | None:
     try:
         return app_service.authenticate(authorization)
     except UnauthorizedError as exc:
-        raise GatewayError(401, "invalid API key") from exc
+        raise GatewayError(
+            401, f"{exc.code}: this API key was revoked" if exc.code == "key_revoked" else "invalid API key"
+        ) from exc
 
 
-def _run_topic(app: App, run_id: str) -> str:
+def _run_topic(app: App, run_id: str) -> tuple[str, bool]:
+    """The run's topic, and whether the run is accepted but has not started its stream (see ``Target``)."""
     if not could_be_our_id(run_id):
         raise not_found("no such run")
-    row = db.session.execute(select(WorkflowRun.app_id).where(WorkflowRun.id == run_id)).scalar_one_or_none()
-    if row is None or row != app.id:
+    query = select(WorkflowRun.app_id, WorkflowRun.status, WorkflowRun.stream_epoch).where(WorkflowRun.id == run_id)
+    row = db.session.execute(query).one_or_none()
+    if row is None or row[0] != app.id:
         raise not_found("no such run")
-    return workflow_run_topic(app.mode, run_id)
+    pending = row[2] is None and not WorkflowRunStatus(row[1]).is_terminal
+    return workflow_run_topic(app.mode, run_id), pending

@@ -1,14 +1,16 @@
-"""Redis Streams adapter (``redis://``, ``rediss://``, ``redis+cluster://``).
+"""Redis Streams adapter (``redis://``, ``rediss://``, ``redis+sentinel://``, ``redis+cluster://``).
 
-Standalone Redis and Redis Cluster, Redis ≥ 7.0 (sharded pub/sub), redis-py ≥ 6.1 with hiredis. The
+Standalone Redis (also the primary Redis Sentinel names) and Redis Cluster, Redis ≥ 7.0 (sharded
+pub/sub), redis-py ≥ 6.1 with hiredis. The
 whole suite passes with redis-py 6.1.0 (the floor ``pyproject.toml`` declares, which Celery's kombu
 also requires) and 8.1.0 (what a fresh install resolves today); the adapter's own tests also pass
 with 5.2.1.
 
 Capability card
 ---------------
-- URL: ``redis://[user:password@]host:port/db``, ``rediss://…`` (TLS), or
-  ``redis+cluster://[user:password@]host1:port1,host2:port2,…`` (any reachable nodes of one
+- URL: ``redis://[user:password@]host:port/db``, ``rediss://…`` (TLS),
+  ``redis+sentinel://[user:password@]s1:p1,s2:p2,…/service[/db]`` (the primary the sentinels name),
+  or ``redis+cluster://[user:password@]host1:port1,host2:port2,…`` (any reachable nodes of one
   cluster; the rest is discovered).
 - Storage: per topic a stream and a metadata hash under one hash tag (one cluster slot); every
   operation is one Lua script (``EVALSHA``): atomic ordinals, seal, trims and reads from one
@@ -33,6 +35,14 @@ Connecting
 - ``redis://[user:password@]host:port/db``: one server (or a primary behind a proxy)
 - ``rediss://…``: the same over TLS (``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
   ``ssl_cert_reqs``)
+- ``redis+sentinel://[user:password@]s1:p1,s2:p2,…/service[/db]``: the primary that these Redis
+  Sentinels name for ``service`` (``rediss+sentinel://`` reaches it over TLS); the user information
+  is the primary's, and the sentinels' own credentials are the options ``sentinel_username`` and
+  ``sentinel_password``. Every new connection asks the sentinels (each question waits at most
+  ``sentinel_socket_timeout``, default 0.5 s), so after a failover connections are replaced by ones
+  to the new primary: a command on a connection to the old one fails (refused, reset, or
+  ``READONLY`` from a demoted primary) as on a dead server, and the next connection finds the new
+  one. What a failover may lose is the server's business (see "Guarantees and what breaks them").
 - ``redis+cluster://[user:password@]h1:p1,h2:p2,…``: a Redis Cluster; any reachable nodes, the rest
   is discovered
 
@@ -58,6 +68,11 @@ Options (keyword arguments of ``connect()`` or URL query parameters):
 - ``poll_interval`` (default 1 s): how often the listener checks the heads of all watched topics for
   changes that sent no hint (see below); a subscription's own re-read without any wake-up happens
   only every ``max(15 s, 10 x poll_interval)``
+- ``wait_replicas`` (default 0) / ``wait_timeout_ms`` (default 1000): after every append and seal,
+  ``WAIT wait_replicas wait_timeout_ms`` on the same connection; fewer acknowledgements raise
+  ``DurableStreamUnavailableError`` (the primary stored it; a failover could lose it). A failover to
+  an acknowledging replica then loses no acknowledged append, for a replication round trip per append;
+  with no replica attached every append fails. Standalone only (refused with ``redis+cluster://``).
 
 Every connection has redis-py's retries switched off: a retried append could be stored twice
 without anyone knowing, and a dead server must surface within seconds. Connections are named
@@ -69,8 +84,11 @@ Storage
 Per topic, sharing one hash tag (so one cluster slot):
 
 - ``{<prefix><topic>}:m`` — hash: ``e`` epoch (random, per incarnation), ``l`` last ordinal, ``i`` stream ID
-  of the last record (the stream's last generated ID), ``s`` = ``1`` when sealed;
-- ``{<prefix><topic>}:s`` — stream, one entry per record: ``o`` ordinal, ``p`` payload;
+  of the last record (the stream's last generated ID), ``h`` the last record's digest, ``s`` = ``1``
+  when sealed;
+- ``{<prefix><topic>}:s`` — stream, one entry per record: ``o`` ordinal, ``p`` payload, ``h`` digest
+  (16 hexadecimal characters of ``SHA1(previous digest .. payload)``, computed by the append script;
+  entries written before digests existed have none);
 - ``{<prefix><topic>}:n`` — the sharded pub/sub channel of its hints (not a key).
 
 Topic names containing ``{``/``}`` or starting with ``#`` use ``#<blake2b of the name>`` in the tag instead.
@@ -93,11 +111,14 @@ Guarantees and what breaks them
 - Durability is the server's: with ``appendonly yes`` + ``appendfsync always`` an acknowledged append
   survives a crash; with ``everysec`` up to a second can be lost, which readers then see as an epoch
   or ordinal mismatch only if the metadata was lost too. Asynchronous replication can lose
-  acknowledged appends on failover while keeping the epoch: a reader past the new primary's last
-  ordinal gets ``CursorUnavailableError``, but once new appends have re-used the lost ordinals a
-  resumed reader cannot tell the forked records from the lost ones. Deployments that need failover
-  without loss must make replication synchronous enough (``min-replicas-to-write``, ``WAIT``) outside
-  this library.
+  acknowledged appends on failover while keeping the epoch: every position carries the digest of the
+  record it follows, so a reader who received a lost record gets ``CursorUnavailableError``
+  ``history_diverged`` wherever the promoted replica's history ends (before, at or after its position,
+  sealed or not); a reader before the lost records continues exactly. A producer that outlives the
+  failover (``as_producer(repair_window=…)``) appends the lost records again, after which every
+  reader continues exactly; ``wait_replicas`` bounds the loss instead. A stream ID read after a failover
+  may belong to the other history: a read whose stream ID does not lead to the next ordinal locates
+  the ordinal instead, and the digests decide.
 - Every redis-py exception becomes ``DurableStreamUnavailableError`` in one place (``_translate`` in ``driver``).
 
 Wake-ups and the shared reader
@@ -171,7 +192,7 @@ Modules
 -------
 - ``driver``: the driver (keys, scripts' replies, retention), ``open_driver``.
 - ``deployment``: standalone and cluster deployments, the fair connection pools, the hand-packed
-  append command.
+  append command; ``sentinel``: connections to the primary Redis Sentinel names.
 - ``feed``: the change feed (listener thread, baton hand-over, periodic head check);
   ``links``: its per-node connections and the hints read from them.
 - ``prefetch``: records and heads seen in hints, handed to readers at the tail.
