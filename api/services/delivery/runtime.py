@@ -106,7 +106,7 @@ class DeliveryRuntime:
         self._config = config
         self._events = events
         #: Seals and opens the resume tokens of this deployment (``RESUME_TOKEN_KEYS``; without them a
-        #: development key derived from ``SECRET_KEY``, see README.md).
+        #: development key derived from ``SECRET_KEY``, see docs/configuration.md).
         self.tokens = ResumeTokenCodec(parse_keys(config.RESUME_TOKEN_KEYS) or [development_key(config.SECRET_KEY)])
         interval = max(0.5, config.WORKFLOW_LEASE_TTL / 3)
         self.watcher = RunWatcher(app, interval=interval, grace=config.WORKFLOW_END_RETRY_DEADLINE + interval)
