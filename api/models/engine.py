@@ -16,4 +16,11 @@ class Base(DeclarativeBase):
 
 db = SQLAlchemy(model_class=Base)
 
-__all__ = ["Base", "db"]
+__all__ = ["Base", "db", "end_session"]
+
+
+def end_session() -> None:
+    """Close the current session if this context has one (``db.session.close()`` would make one first:
+    a request served from what the process keeps, e.g. a herd's arrival, never touched the database)."""
+    if db.session.registry.has():
+        db.session.close()

@@ -22,7 +22,7 @@ from api.libs import log_context, metrics
 from api.libs.errors import GoneError, InvalidParamError, NotFoundError, ServiceUnavailableError
 from api.libs.resume_token import InvalidResumeTokenError
 from api.models import App, WorkflowRun
-from api.models.engine import db
+from api.models.engine import end_session
 from api.services import delivery as event_streams
 from api.services import idempotency, limits
 from api.services import workflow_run_service as runs
@@ -72,7 +72,7 @@ def _replay(app_model: App, run: WorkflowRun, mode: str, slot: limits.StreamSlot
     if mode == "async":
         return {"task_id": run.task_id, "workflow_run_id": run.id}, 202, replayed
     if mode == "streaming":
-        db.session.close()
+        end_session()
         headers = {**event_streams.run_headers(run), **replayed}
         return event_stream_response(app_model, run, StartAt.BEGINNING, headers=headers, slot=slot)
     return runs.run_blocking(app_model, run, replay=True), 200, replayed
@@ -140,7 +140,7 @@ def _run_events(app_model: App, run: WorkflowRun, *, recalled: bool) -> Response
     """The response; ``recalled``: ``run`` is a writer's recent copy of the row, not a row just read."""
     # The rows are loaded: the stream store's round trips below must not hold a pooled connection
     # (thousands of clients reconnecting at once would wait for the pool, not for the store).
-    db.session.close()
+    end_session()
     cursor = None
     token = last_event_id()
     if token is not None and event_streams.resumable():  # a live-only transport ignores it
@@ -219,7 +219,7 @@ def event_stream_response(
         slot=slot,
     )
     body = runtime.open_stream(stream)
-    db.session.close()
+    end_session()
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]  # the app, not its proxy
     # Passed through as it is: the chunks are bytes already, and werkzeug's encoding and closing
     # wrappers would add two layers to every chunk's way out (and to every parked stream's stack).

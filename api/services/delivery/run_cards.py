@@ -41,7 +41,9 @@ class _Card:
     writer: WriterKey
     app_id: str
     end_user: str
-    row: RowCopy[WorkflowRun]
+    #: The copy every arrival reads (made once: building an ORM instance per arrival cost 6% of a
+    #: herd's CPU); it belongs to no session, and the read side only reads it.
+    row: WorkflowRun
     read_at: float
     #: When an arrival was last sent to read the row again.
     refresh_asked_at: float = 0.0
@@ -62,12 +64,12 @@ class RunCards:
 
     def remember(self, writer: WriterKey, run: WorkflowRun) -> None:
         """Keep a copy of ``run``, a row just read and checked, for the arrivals at ``writer``."""
-        card = _Card(writer, run.app_id, run.end_user, RowCopy(run), _now())
+        card = _Card(writer, run.app_id, run.end_user, RowCopy(run).make(), _now())
         self._cards[run.id] = self._cards[run.task_id] = card
         self._ids_of[writer] = (run.id, run.task_id)
 
     def recall(self, run_or_task_id: str, *, app_id: str, end_user: str) -> WorkflowRun | None:
-        """A copy of the run's row (in no session: the caller may change its own) if a fresh card of
+        """A copy of the run's row (in no session, shared by the arrivals: read it only) if a fresh card of
         this app and user exists and its writer is usable; ``None`` tells the caller to read the row
         (once a card is older than :data:`CARD_SECONDS`, one caller per :data:`CARD_SECONDS`)."""
         card = self._cards.get(run_or_task_id)
@@ -80,7 +82,7 @@ class RunCards:
         if age > CARD_SECONDS and now - card.refresh_asked_at >= CARD_SECONDS:
             card.refresh_asked_at = now  # this caller reads the row again; the others use the card meanwhile
             return None
-        return card.row.make()
+        return card.row
 
     def forget(self, writer: WriterKey) -> None:
         """The writer closed: its run's cards go with it."""
