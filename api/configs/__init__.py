@@ -274,6 +274,15 @@ class AppConfig(BaseSettings):
         "0: none.",
     )
 
+    # Crash safety of user actions, supervision and readiness (docs/operations.md).
+    WORKFLOW_REDISPATCH_AFTER: float = Field(
+        default=30,
+        gt=0,
+        description="Seconds after a task message was handed to the broker within which a worker should claim its "
+        "attempt; then the dispatcher sends it again (twice, four, eight times as long after each send), so a "
+        "message the broker lost or a dead worker held still runs. Duplicates are harmless: one claim wins.",
+    )
+
     def database_uri(self) -> str:
         return self.SQLALCHEMY_DATABASE_URI or f"sqlite:///{self.VAR_DIR / 'app.db'}"
 

@@ -281,9 +281,18 @@ RUNS_FINISHED = _metric(
 REAPS = _metric(
     "workflow_run_reaps_total",
     "counter",
-    "Runs the reaper ended (lease_expired, not_started) or queued again (requeued).",
+    "Runs the reaper ended (lease_expired, not_started).",
     "reason",
-    known=_each("lease_expired", "not_started", "requeued"),
+    known=_each("lease_expired", "not_started"),
+)
+TASK_SENDS = _metric(
+    "workflow_task_sends_total",
+    "counter",
+    "Task messages handed to the broker by the request that queued their attempt (first) or by the "
+    "dispatcher (again: never sent, or not claimed in time), by outcome (ok, failed).",
+    "send",
+    "outcome",
+    known=(("first", "ok"), ("first", "failed"), ("again", "ok"), ("again", "failed")),
 )
 WATCHDOG_STOPS = _metric(
     "workflow_watchdog_stops_total",
@@ -344,6 +353,7 @@ METRICS: tuple[Metric, ...] = (
     REPLAY_AGE,
     RUNS_FINISHED,
     REAPS,
+    TASK_SENDS,
     WATCHDOG_STOPS,
     RETENTION_REMOVED,
     RETENTION_SWEEPS,
