@@ -9,6 +9,11 @@ from flask import Flask
 
 from api.configs import AppConfig
 
+from . import filesystem_broker
+
+# ``filesystem://`` is our transport without kombu's read race, in every process that configures Celery.
+filesystem_broker.install()
+
 
 def _broker_url(config: AppConfig) -> str:
     # The filesystem broker has no host; naming the one kombu would fall back to keeps it from
@@ -24,11 +29,7 @@ def init_app(app: Flask, config: AppConfig) -> Celery:
 
     celery_app = Celery(app.name, task_cls=FlaskTask)
     settings: dict[str, Any] = {
-        # The filesystem broker has no host; naming the one kombu would fall back to keeps it from
-        # warning about it on every start.
-        "broker_url": "filesystem://localhost//"
-        if config.CELERY_BROKER_URL == "filesystem://"
-        else config.CELERY_BROKER_URL,
+        "broker_url": _broker_url(config),
         "task_default_queue": config.CELERY_QUEUE,
         "task_ignore_result": True,
         # At least once: a message leaves the broker only when its attempt is over, and a worker
