@@ -64,9 +64,10 @@ lint: install
 	$(BIN)/lint-imports --no-cache
 
 # docs/adapters/{memory,sqlite,redis,postgres,nats}.md from the adapters' docstrings (their capability
-# cards); tests/test_docs.py fails when a page is stale.
+# cards), and docs/configuration.md from the settings models; tests/test_docs.py fails when a page is stale.
 docs: install
 	$(BIN)/python -m tools.gen_adapter_docs
+	$(BIN)/python -m tools.gen_config_docs
 
 # The whole suite in plain threads (tests/browser in a real headless Chromium), then the durable-stream
 # and broadcast contracts and the Redis and NATS adapters' own tests (their shared readers differ between

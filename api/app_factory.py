@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
-import json
-import pathlib
-
-import click
 from flask import Flask
 
-from api.configs import AppConfig
+from api.configs import AppConfig, ConfigurationError, checks, load_config
 
 
 def create_app(config: AppConfig | None = None) -> Flask:
-    config = config or AppConfig()
+    """The API's (and the Celery worker's) app.
+
+    Raises:
+        ConfigurationError: ``config`` cannot serve (one line per problem; ``api.configs.checks``), or the
+            database or the app's Redis cannot be reached.
+    """
+    config = config or load_config()
+    found = checks.problems(config)
+    if found:
+        raise ConfigurationError("\n".join(found))
     app = Flask("api")
     app.config["SECRET_KEY"] = config.SECRET_KEY
     app.config["APP_CONFIG"] = config
+    if config.RESPECT_XFORWARD_HEADERS_ENABLED:
+        # Dify's setting: one proxy in front, whose view of the client (its address above all) is the truth.
+        from werkzeug.middleware.proxy_fix import ProxyFix
+
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=1, x_proto=1, x_host=1, x_port=1)  # type: ignore[method-assign]
 
     from api.extensions import (
         ext_celery,
@@ -27,6 +37,7 @@ def create_app(config: AppConfig | None = None) -> Flask:
 
     ext_database.init_app(app, config)
     ext_redis.init_app(app, config)
+    check_redis_reachable(config)
     ext_durable_stream.init_app(app, config)
     ext_event_bus.init_app(app, config)  # after ext_redis and ext_durable_stream, which it uses
     ext_celery.init_app(app, config)
@@ -58,32 +69,23 @@ def create_app(config: AppConfig | None = None) -> Flask:
 
         app.register_blueprint(create_blueprint(config.DURABLE_STREAMS_GATEWAY_PREFIX))
     app.register_error_handler(Exception, http_error_response)
-    _register_commands(app)
+    from api.commands import register_commands
+
+    register_commands(app)
     return app
 
 
-def _register_commands(app: Flask) -> None:
-    @app.cli.command("create-app")
-    @click.option("--file", "path", required=True, type=click.Path(exists=True, dir_okay=False))
-    def create_app_command(path: str) -> None:
-        """Create an app from a workflow definition file and print its id and API key."""
-        from api.libs.errors import ServiceError
-        from api.services import app_service
+def check_redis_reachable(config: AppConfig) -> None:
+    """The app's Redis (and the event bus's, if it is another) answers, if one is configured.
 
-        definition = json.loads(pathlib.Path(path).read_text())
-        try:
-            created = app_service.create_app(definition)
-        except ServiceError as exc:
-            raise click.ClickException(exc.message) from exc
-        click.echo(
-            json.dumps(
-                {"app_id": created.id, "name": created.name, "api_key": created.api_key, "site_code": created.site_code}
-            )
-        )
+    Raises:
+        ConfigurationError: One does not answer within 5 s.
+    """
+    from api.configs import resolve
+    from api.extensions.ext_redis import check_reachable
 
-    @app.cli.command("reap-expired-runs")
-    def reap_command() -> None:
-        """One reaper sweep: end runs whose worker died or never started them, write pending ends."""
-        from api.services.run_recovery import reap
-
-        click.echo(str(reap()))
+    checked = []
+    for found in (resolve.main_redis(config), resolve.event_bus_redis(config)):
+        if found is not None and found[0] not in checked:
+            check_reachable(*found)
+            checked.append(found[0])

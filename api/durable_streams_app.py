@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from flask import Flask
 
-from api.configs import AppConfig
+from api.configs import AppConfig, ConfigurationError, checks, load_config
 
 
 def create_gateway_app(config: AppConfig | None = None) -> Flask:
-    config = config or AppConfig()
+    """Raises:
+    ConfigurationError: ``config`` cannot serve the gateway, or its database cannot be reached."""
+    config = config or load_config()
+    found = checks.problems(config, gateway=True)
+    if found:
+        raise ConfigurationError("\n".join(found))
     app = Flask("durable_streams_gateway")
     app.config["SECRET_KEY"] = config.SECRET_KEY
     app.config["APP_CONFIG"] = config
@@ -27,14 +32,26 @@ def create_gateway_app(config: AppConfig | None = None) -> Flask:
     return app
 
 
-def _serving_app() -> Flask:
+def _build(config: AppConfig) -> Flask:
     from api.extensions import ext_logging, ext_metrics
 
-    app = create_gateway_app()
-    ext_logging.init_app(app, app.config["APP_CONFIG"])
-    ext_metrics.require_serving(app.config["APP_CONFIG"])
-    ext_metrics.start(app.config["APP_CONFIG"], "api")
+    app = create_gateway_app(config)
+    ext_logging.init_app(app, config)
+    ext_metrics.require_serving(config)
+    ext_metrics.start(config, "api")
     return app
 
 
-app = _serving_app()
+_served: list[Flask] = []
+
+
+def __getattr__(name: str) -> Flask:
+    """``app`` is built on first use (``gunicorn api.durable_streams_app:app``), not on import: importing
+    :func:`create_gateway_app` must not build, or refuse, an app from the environment."""
+    if name != "app":
+        raise AttributeError(name)
+    if not _served:
+        from api.startup import serving_app
+
+        _served.append(serving_app("gateway", _build))
+    return _served[0]

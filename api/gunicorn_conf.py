@@ -233,9 +233,9 @@ def pause_logger(log: Any, threshold: float) -> Any:
 
 
 def _metrics_config() -> Any:
-    from api.configs import AppConfig
+    from api.configs import load_config
 
-    config = AppConfig()
+    config = load_config()
     return config if config.API_METRICS_BIND else None
 
 
@@ -244,6 +244,11 @@ CONFIG_MARK = "API_GUNICORN_CONF"
 
 
 def on_starting(server: Any) -> None:
+    """Refuse to start (one line per problem) before any worker does, then prepare the metrics."""
+    from api.startup import check_or_exit
+
+    gateway = "durable_streams_app" in str(getattr(server.cfg, "wsgi_app", "") or "")
+    check_or_exit("gateway" if gateway else "api")
     os.environ[CONFIG_MARK] = "1"
     config = _metrics_config()
     if config is not None:

@@ -30,7 +30,11 @@ def base_env(var_dir: pathlib.Path, **overrides: Any) -> dict[str, str]:
         "WORKFLOW_LEASE_TTL": "3",
         "WORKFLOW_STOP_CHECK_INTERVAL": "0.05",
         "APP_MAX_EXECUTION_TIME": "120",
-        "SECRET_KEY": "test-secret",
+        # Long enough for DEPLOY_ENV=PRODUCTION (the default), which the tests run in.
+        "SECRET_KEY": "test-secret-of-at-least-32-bytes-for-production",
+        # Every test client is 127.0.0.1, and with REDIS_URL the shared Redis counts for all of them:
+        # tests/app/test_limits.py sets the passport limit it checks.
+        "LIMIT_PASSPORTS_PER_MINUTE": "0",
     }
     env.update({key: str(value) for key, value in overrides.items()})
     return env

@@ -123,7 +123,8 @@ class RedisServer:
         deadline = time.monotonic() + timeout
         while True:
             reply = _ping(self.port)
-            if reply is not None and reply.startswith(b"+PONG"):
+            # A server with requirepass answers an unauthenticated PING with NOAUTH: it is up too.
+            if reply is not None and reply.startswith((b"+PONG", b"-NOAUTH")):
                 return self
             if self.process.poll() is not None:
                 raise RuntimeError(f"redis-server on port {self.port} exited: {self.log_tail()}")

@@ -42,6 +42,7 @@ def test_every_rule_names_metrics_the_app_exports() -> None:
         "RunsEndedByTheReaper",
         "LiveDeliveryLagHigh",
         "ResumeRefusalsHigh",
+        "LimitRefusalsHigh",
     }
     assert "alerts.yml" in (RULES / "prometheus.yml").read_text()
 

@@ -228,7 +228,8 @@ def test_compose_needs_real_secrets_and_the_image_runs_as_configured() -> None:
 def test_metrics_bind_without_the_gunicorn_config_refuses_to_start(tmp_path: pathlib.Path) -> None:
     from harness.processes import BIN, free_port, process_env
 
-    env = process_env({"VAR_DIR": str(tmp_path), "API_METRICS_BIND": f"127.0.0.1:{free_port()}", "LOG_FORMAT": "text"})
+    bind = f"127.0.0.1:{free_port()}"
+    env = process_env({"VAR_DIR": str(tmp_path), "API_METRICS_BIND": bind, "DEPLOY_ENV": "DEVELOPMENT"})
     started = subprocess.run(
         [str(BIN / "gunicorn"), "-k", "gevent", "-w", "1", "-b", f"127.0.0.1:{free_port()}", "api.app:app"],
         env=env,
@@ -239,3 +240,4 @@ def test_metrics_bind_without_the_gunicorn_config_refuses_to_start(tmp_path: pat
     )
     assert started.returncode != 0
     assert "python:api.gunicorn_conf" in started.stderr and "API_METRICS_BIND" in started.stderr
+    assert "Traceback" not in started.stderr

@@ -15,21 +15,21 @@ from . import filesystem_broker
 filesystem_broker.install()
 
 
-def _broker_url(config: AppConfig) -> str:
-    # The filesystem broker has no host; naming the one kombu would fall back to keeps it from
-    # warning about it on every start.
-    return "filesystem://localhost//" if config.CELERY_BROKER_URL == "filesystem://" else config.CELERY_BROKER_URL
-
-
 def init_app(app: Flask, config: AppConfig) -> Celery:
+    """Raises:
+    ConfigurationError: No broker is set outside development (``api.configs.resolve.broker``)."""
+
     class FlaskTask(Task):  # type: ignore[misc]
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             with app.app_context():
                 return self.run(*args, **kwargs)
 
+    broker = config.broker_url()
     celery_app = Celery(app.name, task_cls=FlaskTask)
     settings: dict[str, Any] = {
-        "broker_url": _broker_url(config),
+        # The filesystem broker has no host; naming the one kombu would fall back to keeps it from
+        # warning about it on every start.
+        "broker_url": "filesystem://localhost//" if broker == "filesystem://" else broker,
         "task_default_queue": config.CELERY_QUEUE,
         "task_ignore_result": True,
         # At least once: a message leaves the broker only when its attempt is over, and a worker
@@ -41,15 +41,20 @@ def init_app(app: Flask, config: AppConfig) -> Celery:
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": False,
     }
-    if config.CELERY_BROKER_URL.startswith(("redis", "rediss")):
+    if broker.startswith(("redis", "rediss", "sentinel")):
         settings["broker_transport_options"] = {
             # Messages a dead worker held come back after this long; a live worker's long attempt
             # may be delivered again too, and that delivery finds the attempt claimed.
             "visibility_timeout": config.CELERY_VISIBILITY_TIMEOUT,
             "unacked_restore_interval": max(1, min(10, int(config.CELERY_VISIBILITY_TIMEOUT / 4))),
             "unacked_restore_throttle": 1,
+            # Dify's CELERY_USE_SENTINEL: the sentinels of CELERY_BROKER_URL name the primary.
+            **config.broker_transport_options(),
         }
-    if config.CELERY_BROKER_URL.startswith("filesystem"):
+        ssl_options = config.broker_ssl_options()
+        if ssl_options is not None:
+            settings["broker_use_ssl"] = ssl_options
+    if broker.startswith("filesystem"):
         folder = config.broker_folder()
         for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ import threading
 from flask import Flask, current_app
 from redis import Redis
 
-from api.configs import AppConfig
+from api.configs import AppConfig, ConfigurationError
 from api.core.app.apps.event_transport import BroadcastEventTransport, DurableEventTransport, WorkflowEventTransport
 from api.core.durable_stream import DurableStreamBackend
 from api.extensions.ext_durable_stream import DurableStreamExtension
@@ -49,13 +49,25 @@ class EventTransportExtension:
         from api.core.broadcast_channel import create_broadcast_channel
 
         assert self._redis is not None, "checked by init_app"
-        return BroadcastEventTransport(create_broadcast_channel(self._redis, self._config.BROADCAST_CHANNEL_TYPE))
+        channel = create_broadcast_channel(
+            self._redis,
+            self._config.BROADCAST_CHANNEL_TYPE,
+            stream_ttl_seconds=self._config.PUBSUB_STREAMS_RETENTION_SECONDS,
+        )
+        return BroadcastEventTransport(channel)
 
 
 def init_app(app: Flask, config: AppConfig) -> None:
-    """Needs ``ext_durable_stream`` and ``ext_redis`` initialised first."""
-    if config.WORKFLOW_EVENT_TRANSPORT == "broadcast_channel" and not config.REDIS_URL:
-        raise RuntimeError("WORKFLOW_EVENT_TRANSPORT=broadcast_channel needs REDIS_URL")
+    """Needs ``ext_durable_stream`` and ``ext_redis`` initialised first.
+
+    Raises:
+        ConfigurationError: The broadcast channel is chosen without a Redis for it.
+    """
+    if config.WORKFLOW_EVENT_TRANSPORT == "broadcast_channel" and app.extensions["redis"] is None:
+        raise ConfigurationError(
+            "WORKFLOW_EVENT_TRANSPORT=broadcast_channel needs a Redis: set EVENT_BUS_REDIS_URL, REDIS_URL or "
+            "Dify's REDIS_HOST"
+        )
     app.extensions[EXTENSION_KEY] = EventTransportExtension(
         config, app.extensions["durable_stream"], app.extensions["redis"]
     )

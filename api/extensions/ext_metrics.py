@@ -23,7 +23,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Literal
 
-from api.configs import AppConfig
+from api.configs import AppConfig, ConfigurationError
 from api.core.durable_stream import adapter_name, set_observer
 from api.extensions.ext_durable_stream import stream_url_with_retention
 from api.libs import metrics
@@ -152,11 +152,11 @@ def require_serving(config: AppConfig) -> None:
     gunicorn's master with ``api.gunicorn_conf`` does (it sums its workers' files).
 
     Raises:
-        RuntimeError: The bind is set, and gunicorn runs without the project's config.
+        ConfigurationError: The bind is set, and gunicorn runs without the project's config.
     """
     # Only a gunicorn server: the app module is also imported by `flask --app api.app create-app`.
     if config.API_METRICS_BIND and "gunicorn" in sys.modules and os.environ.get("API_GUNICORN_CONF") != "1":
-        raise RuntimeError(
+        raise ConfigurationError(
             f"API_METRICS_BIND={config.API_METRICS_BIND} is set, but nothing serves the API's metrics: start gunicorn "
             "with --config python:api.gunicorn_conf (its master serves them), or unset API_METRICS_BIND"
         )

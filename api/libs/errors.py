@@ -96,3 +96,20 @@ class EventStreamBusyError(ServiceUnavailableError):
     status = 503
     code = "event_stream_busy"
     retry_after = 1
+
+
+class TooManyRequestsError(ServiceError):
+    """A per-tenant limit is reached (api.services.limits): 429, with the seconds after which a try may pass.
+
+    ``limit`` names which one (``active_runs``, ``run_starts``, ``passports``, ``sse_streams_per_end_user``,
+    ``sse_streams_per_key``, ``gateway_streams``, ``gateway_bytes``); it is in the body as ``limit``.
+    ``rate_limit_error`` is Dify's code for its 429s.
+    """
+
+    status = 429
+    code = "rate_limit_error"
+
+    def __init__(self, message: str, *, limit: str, retry_after: int) -> None:
+        super().__init__(message, details={"limit": limit})
+        self.limit = limit
+        self.retry_after = max(1, retry_after)

@@ -244,6 +244,23 @@ RESUMES = _metric(
     roles=frozenset({API}),
     known=_each(*RESUME_OUTCOMES),
 )
+RESUME_REFUSALS_BY_KEY = _metric(
+    "workflow_sse_resume_refusals_by_key_total",
+    "counter",
+    "Reconnects refused for their resume position (invalid_resume_token, resume_cursor_expired, run_events_lost) "
+    "by key bucket (one of 16, a hash of the app): how many apps meet refusals, not how often one does.",
+    "key_bucket",
+    roles=frozenset({API}),
+)
+LIMIT_REFUSALS = _metric(
+    "workflow_limit_refusals_total",
+    "counter",
+    "Requests answered 429 by a per-tenant limit, by limit and key bucket (one of 16, a hash of the app, end "
+    "user or address refused).",
+    "limit",
+    "key_bucket",
+    roles=frozenset({API}),
+)
 LAG = _metric(
     "workflow_event_delivery_lag_seconds",
     "histogram",
@@ -348,6 +365,8 @@ METRICS: tuple[Metric, ...] = (
     ARRIVALS,
     RUN_LOOKUPS,
     RESUMES,
+    RESUME_REFUSALS_BY_KEY,
+    LIMIT_REFUSALS,
     LAG,
     REPLAYED,
     REPLAY_AGE,

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from .end_user import EndUser, UploadFile
 from .human_input import HumanInputForm, HumanInputFormStatus, IdempotencyKey
-from .model import App
+from .limits import LimitCounter, LimitEvent, LimitSlot
+from .model import App, CredentialRevision
 from .outbox import TaskOutbox
 from .row_copy import RowCopy
 from .workflow import WorkflowRun, WorkflowRunStatus
 
 __all__ = [
     "App",
+    "CredentialRevision",
     "EndUser",
     "HumanInputForm",
     "HumanInputFormStatus",
     "IdempotencyKey",
+    "LimitCounter",
+    "LimitEvent",
+    "LimitSlot",
     "RowCopy",
     "TaskOutbox",
     "UploadFile",

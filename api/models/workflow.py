@@ -5,7 +5,7 @@ import enum
 import json
 from typing import Any
 
-from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, String, Text, true
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, true
 from sqlalchemy.orm import Mapped, mapped_column
 
 from .engine import db
@@ -28,6 +28,8 @@ class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
     """One run of an app's workflow, across pauses and resumes (one task id, one event topic)."""
 
     __tablename__ = "workflow_runs"
+    #: An app's active runs are counted at each start when APP_MAX_ACTIVE_REQUESTS is set.
+    __table_args__ = (Index("ix_workflow_runs_app_status", "app_id", "status"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     task_id: Mapped[str] = mapped_column(String(36), unique=True, index=True, default=new_id)

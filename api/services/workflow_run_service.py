@@ -32,7 +32,7 @@ from api.libs.errors import (
 from api.models import App, TaskOutbox, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
-from . import end_user_service, file_service, run_recovery, task_queue
+from . import end_user_service, file_service, limits, run_recovery, task_queue
 from .app_info_service import WORKFLOW_FILE_UPLOAD_LIMIT
 from .validation import could_be_our_id, require_user
 
@@ -96,7 +96,12 @@ def _file_input(app: App, variable: Mapping[str, Any], value: Any) -> Any:
 
 def new_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
     """A run row and its first attempt's task message in the outbox, added to the session but not
-    committed: the commit that accepts the run records the message too (``api.services.task_queue``)."""
+    committed: the commit that accepts the run records the message too (``api.services.task_queue``).
+
+    Raises:
+        TooManyRequestsError: (429) the app has ``APP_MAX_ACTIVE_REQUESTS`` runs active (``limits``).
+    """
+    limits.check_active_runs(app)
     now = time.time()
     run = WorkflowRun(
         app_id=app.id,

@@ -1,5 +1,6 @@
 """``make run``'s script on the embedded defaults: gunicorn with gevent workers, a Celery worker on the
-filesystem broker, SQLite for data and streams; no external service."""
+filesystem broker, SQLite for data and streams; no external service (``DEPLOY_ENV=DEVELOPMENT``, which
+the script sets and tells the user to set for ``flask``)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from harness.waiting import wait_until
 def served(tmp_path: pathlib.Path) -> Iterator[tuple[str, dict[str, str]]]:
     port = free_port()
     env = process_env({"VAR_DIR": str(tmp_path), "PORT": str(port), "WORKFLOW_LLM_TOKEN_DELAY": "0.001"})
-    for name in ("SQLALCHEMY_DATABASE_URI", "DURABLE_STREAM_URL", "CELERY_BROKER_URL", "CELERY_QUEUE"):
+    for name in ("SQLALCHEMY_DATABASE_URI", "DURABLE_STREAM_URL", "CELERY_BROKER_URL", "CELERY_QUEUE", "DEPLOY_ENV"):
         env.pop(name, None)
     log = open(tmp_path / "run.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
@@ -55,7 +56,7 @@ def test_embedded_defaults_serve_a_blocking_and_an_async_run(served: tuple[str, 
     created = subprocess.run(
         [str(BIN / "flask"), "--app", "api.app", "create-app", "--file", "examples/greeting.json"],
         cwd=ROOT,
-        env=env,
+        env={**env, "DEPLOY_ENV": "DEVELOPMENT"},
         capture_output=True,
         text=True,
         check=True,

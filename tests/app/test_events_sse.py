@@ -269,10 +269,10 @@ def test_resume_token_errors(harness: AppHarness, greeting: dict[str, str]) -> N
 
 
 def test_a_token_from_an_unknown_key_is_refused(make_harness: Callable[..., AppHarness]) -> None:
-    first = make_harness(start_worker=True, SECRET_KEY="secret-one")
+    first = make_harness(start_worker=True, SECRET_KEY="secret-one-" + "1" * 32)
     key = first.create_app("greeting")["api_key"]
     messages = [m for m in run_streaming(first, key, {"name": "Jo"}) if not m.is_ping]
-    rotated_env = {**first.env, "SECRET_KEY": "secret-two"}
+    rotated_env = {**first.env, "SECRET_KEY": "secret-two-" + "2" * 32}
     second = AppHarness(rotated_env, None)
     try:
         response = reconnect(second, key, messages[0].json["task_id"], "u1", last_event_id=messages[1].id)

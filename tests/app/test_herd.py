@@ -179,8 +179,12 @@ def refused_answer(url: str, headers: dict[str, str]) -> requests.Response:
     return response
 
 
-def test_a_worker_at_its_open_stream_limit_refuses_more_and_takes_them_once_one_ends(tmp_path: pathlib.Path) -> None:
-    env = base_env(tmp_path, SSE_MAX_STREAMS="2", SSE_BUSY_RETRY_AFTER_MAX="3")
+def test_a_worker_at_its_open_stream_limit_refuses_more_and_takes_them_once_one_ends(
+    tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
+    # A client that leaves a parked stream is noticed at the writer's next write to it: its ping.
+    ping = 0.5
+    env = base_env(tmp_path, SSE_MAX_STREAMS="2", SSE_BUSY_RETRY_AFTER_MAX="3", SSE_PING_INTERVAL=str(ping))
     with ServedStack(env, tmp_path / "stack", servers=1, workers_per_server=1, celery_concurrency=1) as served:
         key = served.create_app(GREETING)
         url = served.urls[0]
@@ -196,6 +200,8 @@ def test_a_worker_at_its_open_stream_limit_refuses_more_and_takes_them_once_one_
         # Two streams open (a run waiting for its form keeps them open), one from the tail, one replaying.
         first = requests.get(events_url, headers=headers, stream=True, timeout=30)
         second = requests.get(f"{events_url}&include_state_snapshot=true", headers=headers, stream=True, timeout=30)
+        request.addfinalizer(first.close)
+        request.addfinalizer(second.close)
         assert (first.status_code, second.status_code) == (200, 200)
         refused = requests.get(events_url, headers=headers, timeout=30)
         assert refused.status_code == 503 and refused.json()["code"] == "server_busy", refused.text
@@ -204,9 +210,10 @@ def test_a_worker_at_its_open_stream_limit_refuses_more_and_takes_them_once_one_
         # Streams count until the server closes their body: the one admitted here too.
         again = wait_until(
             lambda: ok_or_none(requests.get(events_url, headers=headers, stream=True, timeout=30)),
-            10,
+            40 * ping,
             "a stream admitted once one ended",
         )
+
         again.close()
         second.close()
         assert 500 not in served.statuses()

@@ -3,7 +3,7 @@ resume loop against crafted answers (a stream cut in the middle of a message, a 
 answer or before its first event, a first attach, a form submitted by its token), and what a
 production server serves.
 
-The server here is a real ``gunicorn -k gevent`` on production-like settings (its own
+The server here is a real ``gunicorn -k gevent`` on production settings (``DEPLOY_ENV`` unset, its own
 ``SECRET_KEY``, no ``DEMO_PAGE_ENABLED``): it serves the module, and ``/demo`` is a 404.
 """
 
@@ -26,12 +26,13 @@ from harness.app_env import base_env
 from harness.served_stack import GunicornServer
 
 SOURCE = pathlib.Path(__file__).resolve().parents[2] / "api" / "controllers" / "browser" / "static"
+DEPLOYMENT_SECRET = "a-deployment-secret-" + "x" * 32
 
 
 @pytest.fixture(scope="module")
 def production_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GunicornServer]:
     var_dir = tmp_path_factory.mktemp("production")
-    env = base_env(var_dir, SECRET_KEY="a-deployment-secret")
+    env = base_env(var_dir, SECRET_KEY=DEPLOYMENT_SECRET)
     with GunicornServer(env, var_dir, workers=1, name="production") as server:
         yield server
 
@@ -333,18 +334,24 @@ def test_the_demo_is_a_404_page_in_the_browser_too(module_page: Page, production
 @pytest.mark.parametrize(
     ("settings", "served"),
     [
-        ({}, True),  # make run: the built-in development SECRET_KEY
-        ({"DEMO_PAGE_ENABLED": "false"}, False),
-        ({"SECRET_KEY": "a-deployment-secret"}, False),
-        ({"SECRET_KEY": "a-deployment-secret", "DEMO_PAGE_ENABLED": "true"}, True),
+        ({"DEPLOY_ENV": "DEVELOPMENT"}, True),  # make run
+        ({"DEPLOY_ENV": "DEVELOPMENT", "DEMO_PAGE_ENABLED": "false"}, False),
+        ({"SECRET_KEY": DEPLOYMENT_SECRET}, False),  # production, the default
+        ({"SECRET_KEY": DEPLOYMENT_SECRET, "DEPLOY_ENV": "TESTING"}, False),
+        ({"SECRET_KEY": DEPLOYMENT_SECRET, "DEMO_PAGE_ENABLED": "true"}, True),
     ],
 )
-def test_the_demo_default_is_on_only_with_the_development_secret(
+def test_the_demo_default_is_on_only_in_development(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, settings: dict[str, str], served: bool
 ) -> None:
-    for name in ("SECRET_KEY", "DEMO_PAGE_ENABLED"):
+    for name in ("SECRET_KEY", "DEMO_PAGE_ENABLED", "DEPLOY_ENV"):
         monkeypatch.delenv(name, raising=False)
-    config = AppConfig(VAR_DIR=tmp_path, **settings)  # type: ignore[arg-type]
+    embedded = {
+        "SQLALCHEMY_DATABASE_URI": f"sqlite:///{tmp_path / 'app.db'}",
+        "DURABLE_STREAM_URL": f"sqlite:///{tmp_path / 'streams.db'}",
+        "CELERY_BROKER_URL": "filesystem://",
+    }
+    config = AppConfig(VAR_DIR=tmp_path, **embedded, **settings)  # type: ignore[arg-type]
     assert config.demo_page_enabled() is served
     app = create_app(config)
 

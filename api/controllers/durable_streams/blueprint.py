@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import re
@@ -17,6 +18,9 @@ from api.configs import AppConfig
 from api.core.durable_stream import CursorUnavailableError, DurableStreamError
 from api.extensions.ext_durable_stream import durable_stream, retention_max_age
 from api.libs import metrics
+from api.libs.errors import TooManyRequestsError
+from api.services import credentials, limits
+from api.services.credentials import Credential
 from api.services.durable_streams_gateway import access, creating, live, writing
 from api.services.durable_streams_gateway.creating import CreateRequest
 from api.services.durable_streams_gateway.errors import GatewayError, bad_request, unavailable
@@ -121,9 +125,9 @@ def _dispatch(method: str, path: str) -> Response:
     )
     registry = _registry()
     if method == "PUT":
-        return _create(registry, path)
+        return _create(registry, path, target.credential)
     if method == "POST":
-        return _append(registry, path)
+        return _append(registry, path, target.credential)
     if method == "DELETE":
         registry.delete(path)
         return Response(status=204)
@@ -132,24 +136,47 @@ def _dispatch(method: str, path: str) -> Response:
         # An access that keeps the metadata young under age retention, but does not slide a TTL.
         registry.touch(stream, slide=False)
         return _head(stream)
-    return _read(registry, stream)
+    return _read(registry, stream, _validity(target.credential))
 
 
-def _body() -> bytes:
+def _validity(credential: Credential | None) -> live.Validity:
+    """What a live reader asks while it waits: is the API key that opened it still accepted?"""
+    if credential is None:
+        return None
+    return lambda: credentials.still_valid(credential)
+
+
+def _body(credential: Credential | None = None) -> bytes:
+    """The request's body, counted against its key's bytes a minute (429 beyond, before it is stored)."""
     limit = _config().DURABLE_STREAMS_GATEWAY_MAX_APPEND_BYTES
     if request.content_length is not None and request.content_length > limit:
         raise GatewayError(413, f"the body is larger than {limit} bytes")
     body = request.stream.read(limit + 1)
     if len(body) > limit:
         raise GatewayError(413, f"the body is larger than {limit} bytes")
+    if credential is not None:
+        with _limited():
+            limits.check_gateway_bytes(credential.app_id, len(body))
     return body
+
+
+@contextlib.contextmanager
+def _limited() -> Iterator[None]:
+    """A per-key limit's refusal as the protocol answers it: 429 with Retry-After."""
+    try:
+        yield
+    except TooManyRequestsError as exc:
+        raise GatewayError(429, f"{exc.code}: {exc.message}", {"Retry-After": str(exc.retry_after)}) from exc
 
 
 def _header(name: str) -> str | None:
     return request.headers.get(name)
 
 
-def _create(registry: StreamRegistry, path: str) -> Response:
+def _create(registry: StreamRegistry, path: str, credential: Credential | None) -> Response:
+    if credential is not None:
+        with _limited():
+            limits.check_gateway_create(credential.app_id)
     forked_from = _header("Stream-Forked-From")
     content_type = _header("Content-Type")
     if not content_type or not _CONTENT_TYPE.fullmatch(media_type(content_type)):
@@ -194,7 +221,7 @@ def _create(registry: StreamRegistry, path: str) -> Response:
             expires_at=expires_text,
             expires_at_epoch=expires_epoch,
             closed=_header("Stream-Closed") == "true",
-            body=_body(),
+            body=_body(credential),
             forked_from=forked_from,
             fork_offset=fork_offset,
             fork_sub_offset=sub,
@@ -250,7 +277,7 @@ def _parse_timestamp(text: str) -> float:
         raise bad_request("invalid Stream-Expires-At") from exc
 
 
-def _append(registry: StreamRegistry, path: str) -> Response:
+def _append(registry: StreamRegistry, path: str, credential: Credential | None) -> Response:
     ids = (_header("Producer-Id"), _header("Producer-Epoch"), _header("Producer-Seq"))
     producer = None
     if any(value is not None for value in ids):
@@ -269,7 +296,7 @@ def _append(registry: StreamRegistry, path: str) -> Response:
         registry,
         path,
         writing.AppendRequest(
-            body=_body(),
+            body=_body(credential),
             content_type=_header("Content-Type"),
             seq=stream_seq,
             producer=producer,
@@ -297,7 +324,7 @@ def _head(stream: Stream) -> Response:
     return response
 
 
-def _read(registry: StreamRegistry, stream: Stream) -> Response:
+def _read(registry: StreamRegistry, stream: Stream, still_valid: live.Validity) -> Response:
     config = _config()
     offsets = request.args.getlist("offset")
     if len(offsets) > 1:
@@ -319,10 +346,17 @@ def _read(registry: StreamRegistry, stream: Stream) -> Response:
     cursor = request.args.get("cursor")
     max_bytes = config.DURABLE_STREAMS_GATEWAY_MAX_READ_BYTES
     if live_mode == "sse":
-        return _sse(registry, stream, after, cursor)
+        return _sse(registry, stream, after, cursor, still_valid)
     if live_mode == "long-poll":
         result = live.long_poll(
-            registry, stream, after, cursor, config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS, max_bytes
+            registry,
+            stream,
+            after,
+            cursor,
+            config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS,
+            max_bytes,
+            still_valid=still_valid,
+            check_every=config.CREDENTIAL_CHECK_INTERVAL,
         )
     elif offset_text == "now":
         body = b"[]" if stream.json else b""
@@ -345,7 +379,9 @@ def _read(registry: StreamRegistry, stream: Stream) -> Response:
     return response
 
 
-def _sse(registry: StreamRegistry, stream: Stream, after: int, cursor: str | None) -> Response:
+def _sse(
+    registry: StreamRegistry, stream: Stream, after: int, cursor: str | None, still_valid: live.Validity
+) -> Response:
     config = _config()
     kind = media_type(stream.content_type)
     binary = not (kind.startswith("text/") or kind == "application/json")
@@ -357,6 +393,8 @@ def _sse(registry: StreamRegistry, stream: Stream, after: int, cursor: str | Non
         binary=binary,
         keepalive=config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS,
         max_duration=config.DURABLE_STREAMS_GATEWAY_SSE_MAX_SECONDS,
+        still_valid=still_valid,
+        check_every=config.CREDENTIAL_CHECK_INTERVAL,
     )
 
     def guarded() -> Iterator[bytes]:

@@ -11,7 +11,7 @@ from api.controllers.common.workflow_responses import admitted_stream, run_event
 from api.libs.errors import InvalidParamError, NotFoundError
 from api.models import App
 from api.services import human_input_service as forms
-from api.services import workflow_log_service
+from api.services import limits, workflow_log_service
 from api.services import workflow_run_service as runs
 from api.services.validation import could_be_our_id, require_user
 
@@ -29,7 +29,9 @@ def _json_body() -> Any:
 class WorkflowRunApi(Resource):  # type: ignore[misc]
     @validate_app_token
     def post(self, app_model: App) -> Any:
-        return start_run(app_model, _json_body())
+        body = _json_body()
+        limits.check_run_start(app_model)
+        return start_run(app_model, body)
 
 
 class WorkflowVersionRunApi(Resource):  # type: ignore[misc]
@@ -42,7 +44,9 @@ class WorkflowVersionRunApi(Resource):  # type: ignore[misc]
             raise InvalidParamError("Invalid workflow ID format", code="bad_request")
         if workflow_id != app_model.id:
             raise NotFoundError(f"Workflow not found with id: {workflow_id}", code="not_found")
-        return start_run(app_model, _json_body())
+        body = _json_body()
+        limits.check_run_start(app_model)
+        return start_run(app_model, body)
 
 
 class WorkflowLogsApi(Resource):  # type: ignore[misc]
@@ -104,7 +108,8 @@ class WorkflowEventsApi(Resource):  # type: ignore[misc]
         user = request.args.get("user")
         if not user:
             raise InvalidParamError("the 'user' query parameter is required")
-        return run_events(app_model, task_id, user)
+        with limits.counting_resume_refusals(app_model):
+            return run_events(app_model, task_id, user)
 
 
 api.add_resource(WorkflowRunApi, "/workflows/run")

@@ -11,6 +11,7 @@ from api.controllers.common.workflow_responses import admitted_stream, run_event
 from api.libs.errors import InvalidParamError, NotFoundError
 from api.models import App
 from api.services import human_input_service as forms
+from api.services import limits
 from api.services import workflow_run_service as runs
 
 from .blueprint import api
@@ -23,6 +24,7 @@ class WebWorkflowRunApi(Resource):  # type: ignore[misc]
         body = request.get_json(silent=True)
         if not isinstance(body, dict):
             raise InvalidParamError("the request body must be a JSON object")
+        limits.check_run_start(app_model)
         return start_run(app_model, {**body, "user": end_user})
 
 
@@ -37,7 +39,8 @@ class WebWorkflowEventsApi(Resource):  # type: ignore[misc]
     @admitted_stream
     @validate_passport
     def get(self, app_model: App, end_user: str, task_id: str) -> Any:
-        return run_events(app_model, task_id, end_user)
+        with limits.counting_resume_refusals(app_model):
+            return run_events(app_model, task_id, end_user)
 
 
 class WebHumanInputFormApi(Resource):  # type: ignore[misc]

@@ -31,6 +31,8 @@ SCHEMES: Mapping[str, str] = {
     "redis": ".adapters.redis.driver",
     "rediss": ".adapters.redis.driver",
     "redis+cluster": ".adapters.redis.driver",
+    "redis+sentinel": ".adapters.redis.driver",
+    "rediss+sentinel": ".adapters.redis.driver",
     "nats": ".adapters.nats.driver",
     "tls": ".adapters.nats.driver",
 }

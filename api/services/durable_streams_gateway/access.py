@@ -21,6 +21,7 @@ from api.libs.errors import UnauthorizedError
 from api.models import App, WorkflowRun
 from api.models.engine import db
 from api.services import app_service
+from api.services.credentials import Credential
 from api.services.validation import could_be_our_id
 
 from .errors import GatewayError, bad_request, not_found
@@ -37,31 +38,34 @@ class Target:
     path: str
     #: A workflow run's topic (read-only), or ``None`` for a gateway stream.
     run_topic: str | None = None
+    #: The API key the request proved, if any: live readers re-check it while they wait.
+    credential: Credential | None = None
 
 
 def authorize(path: str, authorization: str | None, *, write: bool, anonymous: bool) -> Target:
     """Check the caller's right to ``path``; raise a 400/401/403/404 :class:`GatewayError` if it has none."""
     validate_path(path)
     app = _caller(authorization)
+    credential = None if app is None else Credential.for_key(app.id, app_service.bearer_key(authorization))
     if path.startswith(RUNS_PREFIX):
         if app is None:
             raise GatewayError(401, "reading a workflow run needs its app's API key")
         if write:
             raise GatewayError(403, "workflow runs are read-only through the gateway")
-        return Target(path, _run_topic(app, path[len(RUNS_PREFIX) :]))
+        return Target(path, _run_topic(app, path[len(RUNS_PREFIX) :]), credential)
     if path.startswith(APPS_PREFIX):
         owner = path[len(APPS_PREFIX) :].split("/", 1)[0]
         if app is None:
             raise GatewayError(401 if not anonymous else 403, "an app's streams need its API key")
         if owner != app.id:
             raise GatewayError(403, "these streams belong to another app")
-        return Target(path)
+        return Target(path, credential=credential)
     if app is not None:
         if write:
             raise GatewayError(403, f"an API key writes only under {APPS_PREFIX}{app.id}/")
         if not anonymous:
             raise GatewayError(403, "open streams are not served (anonymous access is off)")
-        return Target(path)
+        return Target(path, credential=credential)
     if not anonymous:
         raise GatewayError(401, "an API key is required (Authorization: Bearer <app api key>)")
     return Target(path)
@@ -87,7 +91,9 @@ def _caller(authorization: str | None) -> App | None:
     try:
         return app_service.authenticate(authorization)
     except UnauthorizedError as exc:
-        raise GatewayError(401, "invalid API key") from exc
+        raise GatewayError(
+            401, f"{exc.code}: this API key was revoked" if exc.code == "key_revoked" else "invalid API key"
+        ) from exc
 
 
 def _run_topic(app: App, run_id: str) -> str:

@@ -1,4 +1,9 @@
-"""Read answers: catch-up, long-poll and SSE, built from a stream and the ordinal a client is after."""
+"""Read answers: catch-up, long-poll and SSE, built from a stream and the ordinal a client is after.
+
+A live reader (long-poll, SSE) opened with an API key asks ``still_valid`` at least every
+``check_every`` seconds while it waits or writes: a long-poll whose key was revoked meanwhile is
+answered 401 ``key_revoked``, and an SSE response ends with an ``error`` event saying so.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +14,32 @@ import math
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from api.core.app.apps.event_codec import unstamped
 
-from .errors import gone, unavailable
+from .errors import GatewayError, gone, unavailable
 from .json_mode import join_fragments
 from .offsets import BEGINNING, NOW, Offset, epoch_tag
-from .reading import Record
+from .reading import Record, RecordStream
 from .streams import Stream, StreamRegistry
 
-__all__ = ["ReadResult", "catch_up", "long_poll", "resolve_after", "response_cursor", "sse_events"]
+__all__ = [
+    "KEY_REVOKED",
+    "ReadResult",
+    "Validity",
+    "catch_up",
+    "key_revoked",
+    "long_poll",
+    "resolve_after",
+    "response_cursor",
+    "sse_events",
+]
+
+#: Asked while a live reader waits: is the credential that opened it still accepted? ``None``: no credential.
+Validity = Callable[[], bool] | None
+KEY_REVOKED = "key_revoked"
 
 #: Cursors (``Stream-Cursor``) count 20-second intervals from this instant, as the protocol suggests,
 #: so that CDN caches of one interval collapse identical long-polls.
@@ -106,10 +126,31 @@ def catch_up(
     return ReadResult(200, body_of(stream, records), headers)
 
 
+def key_revoked() -> GatewayError:
+    return GatewayError(401, f"{KEY_REVOKED}: the API key of this reader was revoked")
+
+
+def _checked(still_valid: Validity) -> None:
+    if still_valid is not None and not still_valid():
+        raise key_revoked()
+
+
 def long_poll(
-    registry: StreamRegistry, stream: Stream, after: int, cursor: str | None, timeout: float, max_bytes: int
+    registry: StreamRegistry,
+    stream: Stream,
+    after: int,
+    cursor: str | None,
+    timeout: float,
+    max_bytes: int,
+    *,
+    still_valid: Validity = None,
+    check_every: float = 1.0,
 ) -> ReadResult:
-    """Records after ``after``, waiting up to ``timeout`` for the first (204 when none come)."""
+    """Records after ``after``, waiting up to ``timeout`` for the first (204 when none come).
+
+    Raises:
+        GatewayError: (401 ``key_revoked``) ``still_valid`` said no while it waited.
+    """
     if after < stream.tail:
         result = catch_up(registry, stream, "", after, max_bytes, None)
         result.headers.pop("ETag", None)
@@ -121,7 +162,11 @@ def long_poll(
         return ReadResult(204, b"", headers)
     records: list[Record] = []
     with stream.reader(registry.backend).open(after) as received:
-        first = received.receive(timeout)
+        deadline = time.monotonic() + timeout
+        first = None
+        while first is None and (remaining := deadline - time.monotonic()) > 0:
+            _checked(still_valid)
+            first = received.receive(min(remaining, check_every) if still_valid is not None else remaining)
         if first is not None:
             records.append(first)
             size = len(first.payload)
@@ -181,15 +226,19 @@ def sse_events(
     binary: bool,
     keepalive: float,
     max_duration: float,
+    still_valid: Validity = None,
+    check_every: float = 1.0,
 ) -> Iterator[bytes]:
     """Every record after ``after`` as a data event, each followed by a control event; then live ones.
 
     Ends after the control event that says the stream is closed, or after ``max_duration`` (the client
-    reconnects from its last offset). Whether a live record is the newest is learnt from the
-    subscription (is another one ready?), not from the store: the stream's info is asked for only after
-    a quiet ``keepalive`` and to confirm the end of a sealed topic.
+    reconnects from its last offset), or with an ``error`` event ``key_revoked`` once ``still_valid``
+    says no (asked at least every ``check_every`` seconds). Whether a live record is the newest is
+    learnt from the subscription (is another one ready?), not from the store: the stream's info is asked
+    for only after a quiet ``keepalive`` and to confirm the end of a sealed topic.
     """
     deadline = time.monotonic() + max_duration
+    next_check = time.monotonic() + check_every
     position = after
     tail = stream.tail
     closed = stream.closed
@@ -199,11 +248,19 @@ def sse_events(
             if closed:
                 return
         ready: Record | None = None
-        while time.monotonic() < deadline:
+        while (now := time.monotonic()) < deadline:
+            if still_valid is not None and now >= next_check:  # records keep coming: check between them
+                next_check = now + check_every
+                if not still_valid():
+                    yield _revoked_event()
+                    return
             if ready is not None:
                 record, ready = ready, None
             else:
-                received = records.poll(keepalive if position >= tail else _READ_TIMEOUT)
+                received = _poll(records, keepalive if position >= tail else _READ_TIMEOUT, still_valid, check_every)
+                if received is _REVOKED:
+                    yield _revoked_event()
+                    return
                 if not isinstance(received, Record):
                     # Quiet, or the subscription ended (a sealed topic's end, or a closed backend).
                     current = registry.refresh(stream)
@@ -236,3 +293,31 @@ def sse_events(
             )
             if closed and at_tail:
                 return
+
+
+def _revoked_event() -> bytes:
+    body = {"code": KEY_REVOKED, "message": "the API key of this reader was revoked"}
+    return _sse("error", json.dumps(body, separators=(",", ":")))
+
+
+class _Revoked:
+    pass
+
+
+_REVOKED = _Revoked()
+
+
+def _poll(records: RecordStream, wait: float, still_valid: Validity, check_every: float) -> Any:
+    """``records.poll(wait)``, asking ``still_valid`` every ``check_every`` seconds meanwhile: the record,
+    ``None`` after a quiet ``wait``, the end of the subscription, or ``_REVOKED``."""
+    if still_valid is None:
+        return records.poll(wait)
+    deadline = time.monotonic() + wait
+    while True:
+        received = records.poll(max(0.0, min(deadline - time.monotonic(), check_every)))
+        if received is not None:
+            return received
+        if not still_valid():
+            return _REVOKED
+        if time.monotonic() >= deadline:
+            return None

@@ -1,14 +1,16 @@
-"""Redis Streams adapter (``redis://``, ``rediss://``, ``redis+cluster://``).
+"""Redis Streams adapter (``redis://``, ``rediss://``, ``redis+sentinel://``, ``redis+cluster://``).
 
-Standalone Redis and Redis Cluster, Redis ≥ 7.0 (sharded pub/sub), redis-py ≥ 6.1 with hiredis. The
+Standalone Redis (also the primary Redis Sentinel names) and Redis Cluster, Redis ≥ 7.0 (sharded
+pub/sub), redis-py ≥ 6.1 with hiredis. The
 whole suite passes with redis-py 6.1.0 (the floor ``pyproject.toml`` declares, which Celery's kombu
 also requires) and 8.1.0 (what a fresh install resolves today); the adapter's own tests also pass
 with 5.2.1.
 
 Capability card
 ---------------
-- URL: ``redis://[user:password@]host:port/db``, ``rediss://…`` (TLS), or
-  ``redis+cluster://[user:password@]host1:port1,host2:port2,…`` (any reachable nodes of one
+- URL: ``redis://[user:password@]host:port/db``, ``rediss://…`` (TLS),
+  ``redis+sentinel://[user:password@]s1:p1,s2:p2,…/service[/db]`` (the primary the sentinels name),
+  or ``redis+cluster://[user:password@]host1:port1,host2:port2,…`` (any reachable nodes of one
   cluster; the rest is discovered).
 - Storage: per topic a stream and a metadata hash under one hash tag (one cluster slot); every
   operation is one Lua script (``EVALSHA``): atomic ordinals, seal, trims and reads from one
@@ -33,6 +35,14 @@ Connecting
 - ``redis://[user:password@]host:port/db``: one server (or a primary behind a proxy)
 - ``rediss://…``: the same over TLS (``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
   ``ssl_cert_reqs``)
+- ``redis+sentinel://[user:password@]s1:p1,s2:p2,…/service[/db]``: the primary that these Redis
+  Sentinels name for ``service`` (``rediss+sentinel://`` reaches it over TLS); the user information
+  is the primary's, and the sentinels' own credentials are the options ``sentinel_username`` and
+  ``sentinel_password``. Every new connection asks the sentinels (each question waits at most
+  ``sentinel_socket_timeout``, default 0.5 s), so after a failover connections are replaced by ones
+  to the new primary: a command on a connection to the old one fails (refused, reset, or
+  ``READONLY`` from a demoted primary) as on a dead server, and the next connection finds the new
+  one. What a failover may lose is the server's business (see "Guarantees and what breaks them").
 - ``redis+cluster://[user:password@]h1:p1,h2:p2,…``: a Redis Cluster; any reachable nodes, the rest
   is discovered
 
@@ -171,7 +181,7 @@ Modules
 -------
 - ``driver``: the driver (keys, scripts' replies, retention), ``open_driver``.
 - ``deployment``: standalone and cluster deployments, the fair connection pools, the hand-packed
-  append command.
+  append command; ``sentinel``: connections to the primary Redis Sentinel names.
 - ``feed``: the change feed (listener thread, baton hand-over, periodic head check);
   ``links``: its per-node connections and the hints read from them.
 - ``prefetch``: records and heads seen in hints, handed to readers at the tail.

@@ -23,7 +23,8 @@ from ..._contract import DurableStreamUnavailableError
 from ..._driver import Position
 from ..._fair import FairSemaphore
 from .scripts import APPEND_SCRIPT, READ_SCRIPT, Script
-from .settings import SSL_OPTIONS
+from .sentinel import sentinel_template
+from .settings import SSL_OPTIONS, SentinelSettings
 
 __all__ = [
     "POOL_WAIT",
@@ -174,13 +175,30 @@ def idle_socket_healthy(connection: Any) -> bool:
 
 
 class Standalone:
-    def __init__(self, url: str, common: dict[str, Any], read_size: int, write_size: int, name: str) -> None:
-        from redis import ConnectionPool as RedisPyPool
+    """One server: a URL's (``redis://``, ``rediss://``), or the primary a sentinel names (``sentinel``)."""
 
-        # Only URL parsing (host, port, db, credentials, TLS) is taken from redis-py's pool.
-        template = RedisPyPool.from_url(url, **common)
-        self._connection_class = template.connection_class
-        self._kwargs = dict(template.connection_kwargs)
+    def __init__(
+        self,
+        url: str,
+        common: dict[str, Any],
+        read_size: int,
+        write_size: int,
+        name: str,
+        *,
+        sentinel: SentinelSettings | None = None,
+    ) -> None:
+        if sentinel is None:
+            from redis import ConnectionPool as RedisPyPool
+
+            # Only URL parsing (host, port, db, credentials, TLS) is taken from redis-py's pool.
+            template = RedisPyPool.from_url(url, **common)
+            self._connection_class: Any = template.connection_class
+            self._kwargs = dict(template.connection_kwargs)
+        else:
+            # Every new connection asks the sentinels where the primary is (sentinel module).
+            self._sentinel_pool = sentinel_template(sentinel, common)
+            self._connection_class = self._sentinel_pool.connection_class
+            self._kwargs = dict(self._sentinel_pool.connection_kwargs)
         timeout = float(common["socket_timeout"])
         self._reader = FairConnectionPool(lambda: self._connect(f"{name}:read"), read_size, timeout)
         self._writer = FairConnectionPool(lambda: self._connect(f"{name}:write"), write_size, timeout)

@@ -90,7 +90,7 @@ class RedisDriver:
         reads, writes = settings.read_connections, settings.max_connections
         if settings.cluster:
             return Cluster(urllib.parse.urlsplit(settings.url), common, reads, writes, self._name)
-        return Standalone(settings.url, common, reads, writes, self._name)
+        return Standalone(settings.url, common, reads, writes, self._name, sentinel=settings.sentinel)
 
     # -- keys -------------------------------------------------------------------------------
 

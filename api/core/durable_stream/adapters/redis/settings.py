@@ -9,10 +9,53 @@ from typing import Any
 
 from ..._options import Options
 
-__all__ = ["DEFAULT_KEY_PREFIX", "SSL_OPTIONS", "RedisSettings"]
+__all__ = ["DEFAULT_KEY_PREFIX", "SSL_OPTIONS", "RedisSettings", "SentinelSettings"]
 
 DEFAULT_KEY_PREFIX = "ds:"
 SSL_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SentinelSettings:
+    """Where a ``redis+sentinel://`` URL's primary is found: ask these sentinels for ``service``."""
+
+    nodes: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    #: Credentials of the primary (the URL's user information).
+    username: str | None = None
+    password: str | None = None
+    #: Credentials of the sentinels themselves (options ``sentinel_username``, ``sentinel_password``).
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
+    #: Seconds each question to a sentinel may take (option ``sentinel_socket_timeout``).
+    sentinel_socket_timeout: float = 0.5
+    #: ``rediss+sentinel://``: the primary is reached over TLS.
+    tls: bool = False
+
+    @classmethod
+    def from_url(cls, url: str, options: Options) -> SentinelSettings:
+        parts = urllib.parse.urlsplit(url)
+        nodes = []
+        for item in parts.netloc.rpartition("@")[2].split(","):
+            host, _, port = item.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError("a redis+sentinel:// URL lists its sentinels as host:port,host:port,…")
+            nodes.append((host.strip("[]"), int(port)))
+        segments = [segment for segment in parts.path.split("/") if segment]
+        if not segments or len(segments) > 2 or (len(segments) == 2 and not segments[1].isdigit()):
+            raise ValueError("a redis+sentinel:// URL's path is /<service name>[/<db>]")
+        return cls(
+            nodes=tuple(nodes),
+            service=urllib.parse.unquote(segments[0]),
+            db=int(segments[1]) if len(segments) == 2 else 0,
+            username=urllib.parse.unquote(parts.username) if parts.username else None,
+            password=urllib.parse.unquote(parts.password) if parts.password else None,
+            sentinel_username=options.pop_str("sentinel_username"),
+            sentinel_password=options.pop_str("sentinel_password"),
+            sentinel_socket_timeout=options.pop_float("sentinel_socket_timeout", 0.5, minimum=0.001),
+            tls=parts.scheme.lower() == "rediss+sentinel",
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -41,6 +84,8 @@ class RedisSettings:
     hint_payload_limit: int = 16384
     #: ``ssl_*`` options for ``rediss://`` (passed to redis-py as given).
     ssl: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: ``redis+sentinel://``: the sentinels that name the primary.
+    sentinel: SentinelSettings | None = None
 
     @classmethod
     def from_url(cls, url: str, options: Options) -> RedisSettings:
@@ -49,9 +94,11 @@ class RedisSettings:
         if "{" in prefix or "}" in prefix:
             raise ValueError("option 'key_prefix' must not contain '{' or '}'")
         max_records = options.pop_int("max_records", minimum=1)
+        sentinel = SentinelSettings.from_url(url, options) if scheme.endswith("+sentinel") else None
         settings = cls(
             url=url,
             cluster=scheme == "redis+cluster",
+            sentinel=sentinel,
             key_prefix=prefix,
             max_records=max_records or 0,
             max_age_seconds=options.pop_float("max_age_seconds", minimum=0.001),
@@ -64,7 +111,7 @@ class RedisSettings:
             hint_payload_limit=options.pop_int("hint_payload_limit", 16384, minimum=0),
             ssl={name: value for name in SSL_OPTIONS if (value := options.pop_str(name)) is not None},
         )
-        if settings.ssl and scheme != "rediss":
+        if settings.ssl and scheme not in ("rediss", "rediss+sentinel"):
             raise ValueError(f"options {', '.join(sorted(settings.ssl))} need a rediss:// URL")
         return settings
 

@@ -1,0 +1,272 @@
+"""Where the per-tenant limits count, across every process: the app's Redis, or the app database.
+
+Three operations, each atomic whichever process asks:
+
+- ``window_hit(key, limit, window)``: one event in a sliding window (run starts, passports, gateway
+  streams): ``None`` if it is within ``limit``, else the seconds until the oldest counted event leaves
+  the window (a refused event is not counted);
+- ``amount_hit(key, limit, window, amount)``: an amount in a fixed window (gateway bytes);
+- ``acquire`` / ``renew`` / ``release`` of a slot of a concurrency limit (open event streams), held by
+  a holder id with a lease that the holder renews: a dead holder's slots come back when it runs out.
+
+Redis answers each with one Lua script on one key (cluster-safe) and Redis's own clock; the database
+with one short transaction of its own (never the caller's session) behind a striped lock row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, delete, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from api.models import LimitCounter, LimitEvent, LimitSlot
+from api.models.engine import db
+from api.models.limits import LOCK_STRIPES
+
+__all__ = ["DatabaseLimitStore", "LimitStore", "RedisLimitStore"]
+
+KEY_PREFIX = "limits:"
+logger = logging.getLogger(__name__)
+
+
+class LimitStore(Protocol):
+    def window_hit(self, key: str, limit: int, window: float, member: str) -> float | None: ...
+
+    def amount_hit(self, key: str, limit: int, window: float, amount: int) -> float | None: ...
+
+    def acquire(self, scope: str, limit: int, holder: str, lease: float) -> float | None: ...
+
+    def renew(self, slots: Sequence[tuple[str, str]], lease: float) -> None: ...
+
+    def release(self, scope: str, holder: str) -> None: ...
+
+    def holders(self, scope: str) -> int: ...
+
+
+_WINDOW = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local window = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return math.max(1, tonumber(oldest[2]) + window - now)
+end
+redis.call('ZADD', KEYS[1], now, ARGV[3])
+redis.call('PEXPIRE', KEYS[1], window)
+return 0
+"""
+_AMOUNT = """
+local n = redis.call('INCRBY', KEYS[1], ARGV[1])
+if n == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+if n > tonumber(ARGV[2]) then
+  redis.call('DECRBY', KEYS[1], ARGV[1])
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]); ttl = tonumber(ARGV[3]) end
+  return math.max(1, ttl)
+end
+return 0
+"""
+_ACQUIRE = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local lease = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[3]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return math.max(1, tonumber(first[2]) - now)
+end
+redis.call('ZADD', KEYS[1], now + lease, ARGV[3])
+redis.call('PEXPIRE', KEYS[1], 2 * lease)
+return 0
+"""
+_RENEW = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local lease = tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], 2 * lease)
+return 0
+"""
+_HOLDERS = """
+local t = redis.call('TIME')
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', t[1] * 1000 + math.floor(t[2] / 1000))
+return redis.call('ZCARD', KEYS[1])
+"""
+
+
+def _seconds(milliseconds: int) -> float | None:
+    return None if milliseconds <= 0 else milliseconds / 1000
+
+
+class RedisLimitStore:
+    """Counts in the app's Redis (a standalone server, the Sentinel primary, or a cluster: one key per call)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._scripts = {
+            name: client.register_script(source)
+            for name, source in (
+                ("window", _WINDOW),
+                ("amount", _AMOUNT),
+                ("acquire", _ACQUIRE),
+                ("renew", _RENEW),
+                ("holders", _HOLDERS),
+            )
+        }
+
+    def _run(self, name: str, key: str, *args: Any) -> int:
+        """The script's answer; 0 (allowed) when Redis cannot be asked: a limit that is away lets traffic
+        through rather than refuse it, and says so in the log."""
+        from redis.exceptions import RedisError
+
+        try:
+            return int(self._scripts[name](keys=[KEY_PREFIX + key], args=list(args)))
+        except RedisError as exc:
+            logger.warning("limits: Redis did not answer, %s is not limited meanwhile: %s", key.split(":")[0], exc)
+            return 0
+
+    def window_hit(self, key: str, limit: int, window: float, member: str) -> float | None:
+        return _seconds(self._run("window", key, limit, int(window * 1000), member))
+
+    def amount_hit(self, key: str, limit: int, window: float, amount: int) -> float | None:
+        return _seconds(self._run("amount", key, amount, limit, int(window * 1000)))
+
+    def acquire(self, scope: str, limit: int, holder: str, lease: float) -> float | None:
+        return _seconds(self._run("acquire", scope, limit, int(lease * 1000), holder))
+
+    def renew(self, slots: Sequence[tuple[str, str]], lease: float) -> None:
+        by_scope: dict[str, list[str]] = {}
+        for scope, holder in slots:
+            by_scope.setdefault(scope, []).append(holder)
+        for scope, holders in by_scope.items():
+            self._run("renew", scope, int(lease * 1000), *holders)
+
+    def release(self, scope: str, holder: str) -> None:
+        """Raises:
+        redis.RedisError: Redis cannot be asked (the slot's lease gives it back)."""
+        self._client.zrem(KEY_PREFIX + scope, holder)
+
+    def holders(self, scope: str) -> int:
+        return self._run("holders", scope)
+
+
+@contextlib.contextmanager
+def _begin() -> Iterator[Connection]:
+    """A transaction of the store's own. A caller's session with nothing pending is closed first (its loaded
+    objects stay readable): its connection then serves this transaction, and a request never holds two."""
+    session = db.session
+    if not (session.new or session.dirty or session.deleted):
+        session.close()
+    with db.engine.begin() as connection:
+        yield connection
+
+
+class DatabaseLimitStore:
+    """Counts in the app database: each call one short transaction behind a striped lock row."""
+
+    #: Every this many window hits, events of keys nobody hit again (older than any window) are dropped.
+    SWEEP_EVERY = 1000
+    OLDEST_WINDOW = 3600.0
+
+    def __init__(self) -> None:
+        self._hits = 0
+
+    def _locked(self, connection: Connection, key: str) -> None:
+        """Take the lock row of ``key``'s stripe for the rest of the transaction (made on first use)."""
+        stripe = f"lock:{zlib.crc32(key.encode()) % LOCK_STRIPES}"
+        taken = connection.execute(update(LimitCounter).where(LimitCounter.key == stripe).values(count=0))
+        if taken.rowcount == 0:
+            dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+            made = dialect.insert(LimitCounter).values(key=stripe, count=0, window_ends=0.0)
+            connection.execute(made.on_conflict_do_nothing(index_elements=["key"]))
+            connection.execute(update(LimitCounter).where(LimitCounter.key == stripe).values(count=0))
+
+    def window_hit(self, key: str, limit: int, window: float, member: str) -> float | None:
+        now = time.time()
+        with _begin() as connection:
+            self._locked(connection, key)
+            connection.execute(delete(LimitEvent).where(LimitEvent.key == key, LimitEvent.at <= now - window))
+            self._hits += 1
+            if self._hits % self.SWEEP_EVERY == 0:
+                connection.execute(delete(LimitEvent).where(LimitEvent.at <= now - self.OLDEST_WINDOW))
+            count, oldest = connection.execute(
+                select(func.count(), func.min(LimitEvent.at)).where(LimitEvent.key == key)
+            ).one()
+            if count >= limit:
+                return max(0.001, float(oldest) + window - now)
+            connection.execute(LimitEvent.__table__.insert().values(key=key, at=now))
+        return None
+
+    def amount_hit(self, key: str, limit: int, window: float, amount: int) -> float | None:
+        now = time.time()
+        with _begin() as connection:
+            self._locked(connection, key)
+            row = connection.execute(
+                select(LimitCounter.count, LimitCounter.window_ends).where(LimitCounter.key == key)
+            ).one_or_none()
+            count, ends = (0, now + window) if row is None or row[1] <= now else (int(row[0]), float(row[1]))
+            if count + amount > limit:
+                return max(0.001, ends - now)
+            if row is None:
+                connection.execute(LimitCounter.__table__.insert().values(key=key, count=amount, window_ends=ends))
+            else:
+                connection.execute(
+                    update(LimitCounter).where(LimitCounter.key == key).values(count=count + amount, window_ends=ends)
+                )
+        return None
+
+    def acquire(self, scope: str, limit: int, holder: str, lease: float) -> float | None:
+        now = time.time()
+        with _begin() as connection:
+            self._locked(connection, scope)
+            connection.execute(delete(LimitSlot).where(LimitSlot.scope == scope, LimitSlot.expires_at <= now))
+            mine = connection.execute(
+                update(LimitSlot)
+                .where(LimitSlot.scope == scope, LimitSlot.holder == holder)
+                .values(expires_at=now + lease)
+            )
+            if mine.rowcount:
+                return None
+            count, first = connection.execute(
+                select(func.count(), func.min(LimitSlot.expires_at)).where(LimitSlot.scope == scope)
+            ).one()
+            if count >= limit:
+                return max(0.001, float(first) - now)
+            connection.execute(LimitSlot.__table__.insert().values(scope=scope, holder=holder, expires_at=now + lease))
+        return None
+
+    def renew(self, slots: Sequence[tuple[str, str]], lease: float) -> None:
+        if not slots:
+            return
+        expires = time.time() + lease
+        with _begin() as connection:
+            for scope, holder in slots:
+                connection.execute(
+                    update(LimitSlot)
+                    .where(LimitSlot.scope == scope, LimitSlot.holder == holder)
+                    .values(expires_at=expires)
+                )
+
+    def release(self, scope: str, holder: str) -> None:
+        with _begin() as connection:
+            connection.execute(delete(LimitSlot).where(LimitSlot.scope == scope, LimitSlot.holder == holder))
+
+    def holders(self, scope: str) -> int:
+        with _begin() as connection:
+            found = connection.execute(
+                select(func.count()).where(LimitSlot.scope == scope, LimitSlot.expires_at > time.time())
+            ).scalar_one()
+        return int(found)
+
+
+def ceil_seconds(seconds: float) -> int:
+    """A Retry-After in whole seconds: at least 1, never early."""
+    return max(1, math.ceil(seconds))
