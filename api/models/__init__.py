@@ -8,6 +8,7 @@ from .limits import LimitCounter, LimitEvent, LimitSlot
 from .model import App, CredentialRevision
 from .outbox import TaskOutbox
 from .row_copy import RowCopy
+from .worker import WorkerHeartbeat
 from .workflow import WorkflowRun, WorkflowRunStatus
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "RowCopy",
     "TaskOutbox",
     "UploadFile",
+    "WorkerHeartbeat",
     "WorkflowRun",
     "WorkflowRunStatus",
 ]
