@@ -49,8 +49,15 @@ from typing import Any, TypeVar
 DEFAULT_WORKER_CONNECTIONS = 10000
 
 worker_connections = int(os.environ.get("WEB_WORKER_CONNECTIONS") or DEFAULT_WORKER_CONNECTIONS)
-#: The access log (when one is asked for) without query strings or headers: ``?last_event_id=`` is a
-#: resume token, and no credential or token belongs in a log.
+#: The access log is on, on stdout (``ACCESS_LOG``: another file, or ``off``); with ``LOG_FORMAT=json`` each
+#: line is a JSON object whose fields (method, path, status, bytes, duration_ms, query) are fields of its own.
+#: No header, no query value (``?last_event_id=`` is a resume token) and no form token (a bearer capability)
+#: is written (``api.gunicorn_logging``).
+accesslog = (
+    None
+    if os.environ.get("ACCESS_LOG", "-").strip().lower() in ("", "off", "none")
+    else os.environ.get("ACCESS_LOG", "-")
+)
 access_log_format = '%(h)s "%(m)s %(U)s" %(s)s %(B)s %(M)sms'
 logger_class = "api.gunicorn_logging.AccessLogger"
 

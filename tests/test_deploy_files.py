@@ -66,6 +66,12 @@ def test_every_dashboard_query_names_metrics_the_app_exports_with_their_labels()
         "workflow_event_delivery_lag_seconds_bucket",
         "durable_stream_appends_total",
         "durable_stream_unavailable_total",
+        # The API's requests (rate, 5xx share, latency), the gateway's, and whether workers consume.
+        "workflow_http_requests_total",
+        "workflow_http_request_seconds_bucket",
+        "durable_streams_gateway_requests_total",
+        "durable_streams_gateway_request_seconds_bucket",
+        "workflow_worker_heartbeats_total",
     }
     assert wanted <= used, wanted - used
     prometheus = (ROOT / "docker" / "prometheus" / "prometheus.yml").read_text()

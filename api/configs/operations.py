@@ -37,3 +37,9 @@ class OperationsSettings(BaseSettings):
         description="Seconds /health/ready waits for its checks, all asked at once: it answers within this long "
         "however many dependencies hang (a check still running from an earlier probe is not asked again).",
     )
+    ACCESS_LOG: str = Field(
+        default="-",
+        description="Where gunicorn writes the API's access log (api/gunicorn_conf.py): - (stdout), a file, or off. "
+        "With LOG_FORMAT=json each line's fields (method, path, status, bytes, duration_ms, query) are JSON fields; "
+        "query values and form tokens are redacted, headers never written.",
+    )

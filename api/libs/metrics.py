@@ -333,6 +333,8 @@ RETENTION_SWEEPS = _metric(
 )
 
 # The Durable Streams gateway's (api/controllers/durable_streams).
+#: Exported at 0 from the start, so that the families and the dashboard's panels exist before any request.
+GATEWAY_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE")
 GATEWAY_REQUESTS = _metric(
     "durable_streams_gateway_requests_total",
     "counter",
@@ -340,6 +342,7 @@ GATEWAY_REQUESTS = _metric(
     "method",
     "status",
     roles=frozenset({API}),
+    known=tuple((method, "200") for method in GATEWAY_METHODS),
 )
 GATEWAY_SECONDS = _metric(
     "durable_streams_gateway_request_seconds",
@@ -348,6 +351,39 @@ GATEWAY_SECONDS = _metric(
     "method",
     buckets=LATENCY_BUCKETS,
     roles=frozenset({API}),
+    known=_each(*GATEWAY_METHODS),
+)
+# Every HTTP request the API answers (the Flask app's; gunicorn's own 400/414 never reach it).
+HTTP_REQUESTS = _metric(
+    "workflow_http_requests_total",
+    "counter",
+    "HTTP requests the API answered, by method, route template (e.g. /v1/workflows/run/<workflow_run_id>; "
+    "'unmatched' for no route) and status.",
+    "method",
+    "route",
+    "status",
+    roles=frozenset({API}),
+    known=(("GET", "/health/ready", "200"), ("GET", "/health/ready", "503")),
+)
+HTTP_SECONDS = _metric(
+    "workflow_http_request_seconds",
+    "histogram",
+    "Time from a request's arrival in the app to its response's headers (an event stream's body excluded), by "
+    "method and route template.",
+    "method",
+    "route",
+    buckets=LATENCY_BUCKETS,
+    roles=frozenset({API}),
+    known=(("GET", "/health/ready"),),
+)
+HEARTBEATS = _metric(
+    "workflow_worker_heartbeats_total",
+    "counter",
+    "A Celery worker's pings of its own consumer through the broker, by outcome: ok (it answered: it consumes) "
+    "or failed (no answer in time, or no broker).",
+    "outcome",
+    roles=frozenset({WORKER}),
+    known=_each("ok", "failed"),
 )
 
 METRICS: tuple[Metric, ...] = (
@@ -378,6 +414,9 @@ METRICS: tuple[Metric, ...] = (
     RETENTION_SWEEPS,
     GATEWAY_REQUESTS,
     GATEWAY_SECONDS,
+    HTTP_REQUESTS,
+    HTTP_SECONDS,
+    HEARTBEATS,
 )
 
 _enabled = False

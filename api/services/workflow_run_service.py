@@ -112,6 +112,7 @@ def new_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
     )
     db.session.add(run)
     db.session.flush()  # the run's ids; the message's row refers to it
+    run_recovery.run_log_fields(app, run)  # (remembered: lines about the run carry its ids from here on)
     assert run.attempt_id is not None
     db.session.add(TaskOutbox(**task_outbox.values(run.id, run.attempt_id, None, now + dispatch_grace())))
     return run

@@ -23,6 +23,7 @@ from typing import Any
 from flask import Flask
 
 from api.configs import AppConfig
+from api.libs import metrics
 from api.models.engine import db
 from api.services import worker_heartbeats
 
@@ -70,11 +71,14 @@ class Heartbeat:
         try:
             replies: list[dict[str, Any]] = celery_app.control.ping(destination=[self._node], timeout=timeout)
         except Exception as exc:  # the broker is away: no heartbeat, which is the point
+            metrics.HEARTBEATS.tally.add(("failed",))
             logger.warning("worker heartbeat: could not ping this worker's consumer: %s", exc)
             return False
         if not any(self._node in reply for reply in replies):
+            metrics.HEARTBEATS.tally.add(("failed",))
             logger.warning("worker heartbeat: this worker's consumer did not answer within %g s", timeout)
             return False
+        metrics.HEARTBEATS.tally.add(("ok",))
         self.beats += 1
         try:
             self._file.parent.mkdir(parents=True, exist_ok=True)
