@@ -131,7 +131,7 @@ def answer(
     except InvalidSubmissionError as exc:
         raise InvalidParamError(str(exc), code="invalid_form_data") from exc
     _await_pause(app, form, run)
-    submission = {"kind": "submission", "inputs": dict(inputs), "action": action}
+    submission = {"kind": "submission", "inputs": declared(node, inputs), "action": action}
     # The answer, the run's resumption and its task message: one transaction, all or nothing.
     if not _resume(run, submission, form_store.submit_statement(form.id, action)):
         db.session.refresh(form)
@@ -141,6 +141,12 @@ def answer(
     with log_context.bound(run_recovery.run_log_fields(app, run)):
         logger.info("run %s: form %s submitted (%s)", run.id, form.id, action)
     return run
+
+
+def declared(node: Node, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The submission's values of the form's own fields: nothing undeclared travels in the run's task message."""
+    names = {field.name for field in fields_of(node)}
+    return {name: value for name, value in inputs.items() if name in names}
 
 
 def _resolved_files(app: App, node: Node, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -192,7 +198,7 @@ def submit_by_run(app: App, run_id: str, payload: Any) -> WorkflowRun:
             check_submission(node, inputs, action)
         except InvalidSubmissionError as exc:
             raise InvalidParamError(str(exc)) from exc
-        if not _resume(run, {"kind": "submission", "inputs": dict(inputs), "action": action}):
+        if not _resume(run, {"kind": "submission", "inputs": declared(node, inputs), "action": action}):
             raise ConflictError("the run was resumed or stopped concurrently", code="workflow_not_paused")
         return run
     try:

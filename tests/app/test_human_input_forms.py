@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from api.models import HumanInputForm, TaskOutbox
+from api.models import HumanInputForm, TaskOutbox, WorkflowRun
 from api.models.engine import db
 from api.services.task_queue import dispatch_due
 from harness.app_database import APP_DATABASES
@@ -275,3 +275,28 @@ def test_the_old_route_answers_the_open_form(harness: AppHarness, greeting: dict
     token = paused["data"]["reasons"][0]["form_token"]
     late = harness.post(form_path(token), key, {"inputs": {"approved": "true"}, "user": "u1"})
     assert late.status_code == 412 and late.json["code"] == "human_input_form_submitted"
+
+
+def test_only_the_forms_own_fields_travel_and_text_has_a_cap(harness: AppHarness, greeting: dict[str, str]) -> None:
+    from api.core.workflow.forms import MAX_FIELD_TEXT
+
+    key = greeting["api_key"]
+    paused = pause(harness, key)
+    token = paused["data"]["reasons"][0]["form_token"]
+    too_long = {"inputs": {"approved": "true", "note": "x" * (MAX_FIELD_TEXT + 1)}, "action": "submit", "user": "u1"}
+    refused = harness.post(form_path(token), key, too_long)
+    assert (refused.status_code, refused.json["code"]) == (400, "invalid_form_data"), refused.json
+    smuggled = {"approved": "true", "note": "x" * MAX_FIELD_TEXT, "undeclared": "y" * 10_000}
+    answered = harness.post(form_path(token), key, {"inputs": smuggled, "action": "submit", "user": "u1"})
+    assert answered.status_code == 200, answered.json
+    with harness.app.app_context():
+        run = db.session.get(WorkflowRun, paused["workflow_run_id"])
+        assert run is not None and run.resume_json is not None
+        resumed_with = json.loads(run.resume_json)  # what the task message carried
+        db.session.remove()
+    assert set(resumed_with["inputs"]) == {"approved", "note"}
+    wait_for_status(harness, key, paused["workflow_run_id"], "u1", {"succeeded"})
+    filled = next(
+        e["data"] for e in harness.events(paused["workflow_run_id"]) if e["event"] == "human_input_form_filled"
+    )
+    assert "undeclared" not in filled["submitted_data"]
