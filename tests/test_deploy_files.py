@@ -287,3 +287,25 @@ def test_compose_is_shipped_as_an_operator_would() -> None:
         for secret in re.findall(r"://[^/@\s]*:([^@/\s]*)@", str(value)):
             assert REQUIRED.match(secret), f"a literal password in {value!r}"
     assert "postgres:postgres@" not in text and "PASSWORD: postgres" not in text
+
+
+def test_the_image_and_make_install_use_the_lock_and_the_lock_is_current() -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from tools import lock_deps
+
+    locked = {}
+    for line in lock_deps.LOCK.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            locked[name] = version
+    for requirement in lock_deps.runtime_requirements():  # pyproject's ranges admit every pin
+        name = canonicalize_name(requirement.name)
+        assert name in locked and requirement.specifier.contains(locked[name]), (requirement, locked.get(name))
+    assert lock_deps.main(["--check"]) == 0, "requirements.lock differs from this environment: `make lock`"
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    assert "pip install --no-cache-dir -r requirements.lock" in dockerfile
+    assert "pip install --no-cache-dir --no-deps ." in dockerfile
+    assert "-c requirements.lock" in (ROOT / "Makefile").read_text()
+    assert all(Requirement(f"{name}=={version}") for name, version in locked.items())
