@@ -29,6 +29,7 @@ _MARK = "_api_log_handler"
 
 #: What every LogRecord has: anything else on a record came as ``extra=`` fields (or from a filter).
 _RECORD_ATTRIBUTES = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_SCALARS = (str, int, float, bool)
 
 
 class JsonFormatter(logging.Formatter):
@@ -44,7 +45,9 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         for name, value in record.__dict__.items():
-            if name not in _RECORD_ATTRIBUTES and not name.startswith("_") and value is not None:
+            # Plain values only: a library's structured extra (Celery's ``data`` holds a task's arguments,
+            # a form's answer among them) is no field of ours, and never a log's business.
+            if name not in _RECORD_ATTRIBUTES and not name.startswith("_") and isinstance(value, _SCALARS):
                 line.setdefault(name, value)
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)

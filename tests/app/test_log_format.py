@@ -66,12 +66,15 @@ def test_text_lines_carry_the_fields_too() -> None:
 
 def test_a_lines_own_fields_are_fields_and_a_run_known_only_by_its_id_is_named() -> None:
     logger, out = _logger(JsonFormatter())
-    logger.info("served", extra={"method": "GET", "status": 200, "duration_ms": 1.5})
+    # As Celery logs a task it received: its arguments (a form's answer) in a structured extra.
+    secret = {"args": "('run', {'inputs': {'note': 'a secret answer'}})"}
+    logger.info("served", extra={"method": "GET", "status": 200, "duration_ms": 1.5, "data": secret})
     logger.warning("run %s: could not queue its task now", "never-bound-run")
     served, refused = (json.loads(line) for line in out.getvalue().splitlines())
     assert (served["method"], served["status"], served["duration_ms"], served["message"]) == ("GET", 200, 1.5, "served")
     assert refused["workflow_run_id"] == "never-bound-run"
-    assert not {"args", "msg", "levelno", "pathname", "thread"} & (served.keys() | refused.keys())
+    assert not {"args", "msg", "levelno", "pathname", "thread", "data"} & (served.keys() | refused.keys())
+    assert "secret answer" not in out.getvalue()
 
 
 def test_an_unraisable_exception_is_one_json_record_and_nothing_while_finalizing() -> None:

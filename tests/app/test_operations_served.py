@@ -287,3 +287,23 @@ def requests_ok(url: str) -> bool:
         return requests.get(url, timeout=1).status_code == 200
     except (requests.ConnectionError, requests.Timeout):
         return False
+
+
+def test_a_forms_answer_and_token_never_reach_a_log(stack: tuple[ServedStack, Scraper, Scraper]) -> None:
+    served, _, _ = stack
+    url = served.urls[0]
+    key = served.create_app(GREETING)
+    auth = {"Authorization": f"Bearer {key}"}
+    body = {"inputs": {"name": "Ada", "mood": "formal"}, "user": "u1", "response_mode": "blocking"}
+    paused = requests.post(f"{url}/v1/workflows/run", json=body, headers=auth, timeout=60).json()
+    token = paused["data"]["reasons"][0]["form_token"]
+    secret = "Qx-answer-5519"
+    answer = {"inputs": {"approved": "true", "note": secret}, "action": "submit", "user": "u1"}
+    assert requests.post(f"{url}/v1/form/human_input/{token}", json=answer, headers=auth, timeout=30).ok
+    run_id = paused["workflow_run_id"]
+    done = f"run {run_id}: attempt ended"
+    wait_until(lambda: done in served.celery[0].log_path.read_text(errors="replace").replace('"', ""), 30, "the end")
+    logs = [served.celery[0].log_path, served.servers[0].log_path, served.servers[0].access_log]
+    everything = "".join(path.read_text(errors="replace") for path in logs)
+    assert "resume_app_execution" in everything, "the worker logged the resume task it received"
+    assert secret not in everything and token not in everything
