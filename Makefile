@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock chromium promtool node-deps conformance-deps test-conformance lint docs test test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
+.PHONY: install lock chromium promtool node-deps conformance-deps test-conformance lint docs test test-loaded test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
 
 install: $(STAMP)
 
@@ -77,20 +77,20 @@ docs: install
 
 # The whole suite in plain threads (tests/browser in a real headless Chromium), then the durable-stream
 # and broadcast contracts and the Redis and NATS adapters' own tests (their shared readers differ between
-# threads and gevent) again under gevent. Most tests wait on the servers they start, not on the CPU: the
-# threaded suite runs its files in XDIST_WORKERS processes (pytest-xdist, a file at a time, so module
-# fixtures stay shared). The gevent run comes after it, not beside it: its tests that time the hub
+# threads and gevent) again under gevent; the soak-like cases (-m soak) are make bench's. Most tests wait
+# on the servers they start, not on the CPU: the threaded suite runs its files in XDIST_WORKERS processes
+# (pytest-xdist, a file at a time, so module fixtures stay shared). The gevent run comes after it, not beside it: its tests that time the hub
 # (ticks, blocked greenlets) must not share two cores with three other test processes.
 XDIST_WORKERS ?= 3
 
 test: lint chromium promtool test-threads test-gevent
 
 test-threads: install chromium node-deps conformance-deps
-	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile
+	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile -m "not soak"
 
 # Two gevent-patched pytest processes side by side (the contracts of the stores on this machine's shared
 # servers; the clustered and NATS stores and the adapters' own tests), each printed whole when it ends.
-GEVENT_PYTEST := EXPECT_GEVENT=1 $(BIN)/python -m gevent.monkey --module pytest -p no:cacheprovider
+GEVENT_PYTEST := EXPECT_GEVENT=1 $(BIN)/python -m gevent.monkey --module pytest -p no:cacheprovider -m "not soak"
 
 test-gevent: install
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-gevent-local test-gevent-clustered
@@ -104,12 +104,31 @@ test-gevent-clustered: install
 		tests/durable_stream/test_redis_adapter.py tests/durable_stream/test_nats_adapter.py \
 		tests/durable_stream/test_nats_faults.py tests/durable_stream/test_nats_direct_publish.py
 
+# make test beside a CPU hog keeping HOG_CORES cores busy (tools/cpu_hog.py, nothing to install), as on a
+# shared CI machine: a test that holds only on an idle machine fails here. The hog stops whatever happens;
+# LOADED_RUNS=3 runs make test three times in a row beside it, stopping at the first failure.
+HOG_CORES ?= 2
+LOADED_RUNS ?= 1
+
+test-loaded: install
+	@$(BIN)/python -m tools.cpu_hog --cores $(HOG_CORES) & hog=$$!; \
+	trap 'kill $$hog 2>/dev/null; wait $$hog 2>/dev/null' EXIT; \
+	trap 'exit 130' INT TERM; \
+	for run in $$(seq $(LOADED_RUNS)); do \
+		echo "test-loaded: run $$run of $(LOADED_RUNS), $(HOG_CORES) cores busy"; \
+		start=$$(date +%s); \
+		$(MAKE) --no-print-directory test || exit $$?; \
+		echo "test-loaded: run $$run passed in $$(( $$(date +%s) - start )) s"; \
+	done
+
 # The Durable Streams conformance suite against the gateway on each adapter (memory, SQLite, Redis,
 # PostgreSQL, NATS), each under gunicorn -k gevent on a free port; about a minute per adapter.
 test-conformance: install conformance-deps
 	$(BIN)/python -m tests.conformance.gateway
 
+# The benchmarks, and the tests too soak-like for make test (pytest -m soak: bulk appends measuring memory).
 bench: install
+	$(BIN)/pytest tests -m soak -n $(XDIST_WORKERS) --dist loadfile -p no:cacheprovider
 	$(BIN)/python -m bench.redis
 	$(BIN)/python -m bench.postgres
 	$(BIN)/python -m bench.nats

@@ -68,6 +68,10 @@ def stack_env(
         "APP_MAX_EXECUTION_TIME": 900,
         "SSE_PING_INTERVAL": 10,
         "SSE_IDLE_TIMEOUT": 600,
+        # Every client is one end user of one app: the open-stream limits are counted (their cost is the
+        # deployment's) but set above the herd.
+        "LIMIT_SSE_STREAMS_PER_END_USER": 2 * clients + 100,
+        "LIMIT_SSE_STREAMS_PER_KEY": 2 * clients + 100,
     }
     if mode == "broadcast":
         settings.update(EVENT_BUS_TRANSPORT="broadcast_channel", BROADCAST_CHANNEL_TYPE="pubsub")

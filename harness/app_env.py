@@ -35,6 +35,10 @@ def base_env(var_dir: pathlib.Path, **overrides: Any) -> dict[str, str]:
         # Every test client is 127.0.0.1, and with REDIS_URL the shared Redis counts for all of them:
         # tests/app/test_limits.py sets the passport limit it checks.
         "LIMIT_PASSPORTS_PER_MINUTE": "0",
+        # Many tests open dozens of streams as one end user of one app; those that check the open-stream
+        # limits (tests/app/test_limits.py, test_herd.py) set them.
+        "LIMIT_SSE_STREAMS_PER_END_USER": "0",
+        "LIMIT_SSE_STREAMS_PER_KEY": "0",
     }
     env.update({key: str(value) for key, value in overrides.items()})
     return env

@@ -29,7 +29,7 @@ import time
 import types
 from typing import Self
 
-__all__ = ["PG_BIN", "PostgresServer", "postgres_available"]
+__all__ = ["PG_BIN", "PostgresServer", "as_postgres", "free_port", "owned_tempdir", "postgres_available"]
 
 PG_BIN = pathlib.Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
 _OS_USER = "postgres"
@@ -212,3 +212,17 @@ class PostgresServer:
             return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return ""
+
+
+def as_postgres(*command: str | os.PathLike[str], timeout: float = 60, check: bool = True) -> str:
+    """Run a PostgreSQL program as the ``postgres`` OS user (the servers refuse to run as root)."""
+    return _as_postgres(*command, timeout=timeout, check=check)
+
+
+def owned_tempdir(prefix: str) -> pathlib.Path:
+    """A new temporary directory owned by the ``postgres`` OS user (for a data directory)."""
+    return _owned_tempdir(prefix)
+
+
+def free_port() -> int:
+    return _free_port()

@@ -141,6 +141,21 @@ class ServiceSettings(BaseSettings):
         default=7 * 24 * 3600,
         description="Default retention of run events when DURABLE_STREAM_URL sets no max_age_seconds; 0 keeps them.",
     )
+    WORKFLOW_EVENT_REPAIR_WINDOW: int = Field(
+        default=1024,
+        ge=0,
+        description="Events of a run its worker keeps to append again when a stream-store failover lost them "
+        "(they are compared by digest before each append); more lost than this, or lost with the worker, "
+        "ends the run's stream history explicitly (readers get 410). 0: no repair.",
+    )
+    DURABLE_STREAM_REDIS_WAIT_REPLICAS: int = Field(
+        default=0,
+        ge=0,
+        description="With a redis:// stream store: replicas that must acknowledge each append and seal (Redis "
+        "WAIT, up to 1 s) before it returns; a failover then loses no acknowledged event, for a replication "
+        "round trip per event. 0: asynchronous (a failover may lose the last events; the worker appends them "
+        "again). See docs/reliability.md, 'Failover'.",
+    )
     DURABLE_STREAM_RETENTION_INTERVAL: float = Field(
         default=600, description="Seconds between the reaper's enforce_retention() sweeps; 0 never sweeps."
     )

@@ -46,14 +46,26 @@ def init_app(app: Flask, config: AppConfig) -> None:
         STREAM_STORE_ERRORS.append(DurableStreamError)
 
 
+#: Redis URLs of one primary (not a cluster, whose adapter refuses ``wait_replicas``).
+_ONE_PRIMARY = ("redis", "rediss", "redis+sentinel", "rediss+sentinel")
+
+
 def stream_url_with_retention(config: AppConfig) -> str:
-    """The stream URL, with the default retention added unless the URL chooses its own."""
+    """The stream URL, with the default retention added unless the URL chooses its own, and with
+    ``DURABLE_STREAM_REDIS_WAIT_REPLICAS`` as the Redis adapter's ``wait_replicas`` (likewise)."""
     url = config.durable_stream_url()
-    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
-    if "max_age_seconds" in query or config.DURABLE_STREAM_MAX_AGE_SECONDS <= 0:
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qs(parts.query)
+    added = []
+    if "max_age_seconds" not in query and config.DURABLE_STREAM_MAX_AGE_SECONDS > 0:
+        added.append(f"max_age_seconds={config.DURABLE_STREAM_MAX_AGE_SECONDS:g}")
+    wait = config.DURABLE_STREAM_REDIS_WAIT_REPLICAS
+    if wait > 0 and "wait_replicas" not in query and parts.scheme.lower() in _ONE_PRIMARY:
+        added.append(f"wait_replicas={wait}")
+    if not added:
         return url
     # Appended as text: re-assembling the URL would drop the empty host of sqlite:////absolute/path.
-    return f"{url}{'&' if '?' in url else '?'}max_age_seconds={config.DURABLE_STREAM_MAX_AGE_SECONDS:g}"
+    return f"{url}{'&' if '?' in url else '?'}{'&'.join(added)}"
 
 
 def retention_max_age(config: AppConfig) -> float | None:

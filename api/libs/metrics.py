@@ -128,6 +128,7 @@ RESUME_OUTCOMES = (
     "resumed",
     "invalid_resume_token",
     "resume_cursor_expired",
+    "history_diverged",
     "run_events_lost",
     "not_found",
     "unavailable",
@@ -174,7 +175,7 @@ CURSOR_UNAVAILABLE = _metric(
     "backend",
     "reason",
     roles=frozenset({API}),
-    known=_per_backend("trimmed", "epoch", "foreign", "malformed", "unknown"),
+    known=_per_backend("trimmed", "epoch", "history_diverged", "foreign", "malformed", "unknown"),
 )
 UNAVAILABLE = _metric(
     "durable_stream_unavailable_total",
@@ -298,9 +299,10 @@ RUNS_FINISHED = _metric(
 REAPS = _metric(
     "workflow_run_reaps_total",
     "counter",
-    "Runs the reaper ended (lease_expired, not_started).",
+    "Runs the reaper ended (lease_expired, not_started), queued again (requeued), or whose lost end it "
+    "wrote again (end_lost: a stream-store failover lost the end of a finished run).",
     "reason",
-    known=_each("lease_expired", "not_started"),
+    known=_each("lease_expired", "not_started", "requeued", "end_lost"),
 )
 TASK_SENDS = _metric(
     "workflow_task_sends_total",

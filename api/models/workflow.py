@@ -73,6 +73,14 @@ class WorkflowRun(db.Model):  # type: ignore[name-defined,misc]
     )
     #: Unix time before which nobody else may repair the end (its finisher is still retrying it).
     stream_repair_after: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: The topic's last ordinal and last digest when its end was written (sealed): the position that
+    #: proves a stream whole later, and whose absence (a store failover lost the end) gets it repaired.
+    stream_final_ordinal: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stream_final_digest: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    #: The last event the worker appended, as its lease renewal last recorded it (ordinal, digest): if
+    #: the worker dies and the store has lost it, the run's history is beyond repair, and says so.
+    stream_progress_ordinal: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stream_progress_digest: Mapped[str | None] = mapped_column(String(16), nullable=True)
     created_at: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
     finished_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 

@@ -6,11 +6,14 @@ Three operations, each atomic whichever process asks:
   streams): ``None`` if it is within ``limit``, else the seconds until the oldest counted event leaves
   the window (a refused event is not counted);
 - ``amount_hit(key, limit, window, amount)``: an amount in a fixed window (gateway bytes);
-- ``acquire`` / ``renew`` / ``release`` of a slot of a concurrency limit (open event streams), held by
-  a holder id with a lease that the holder renews: a dead holder's slots come back when it runs out.
+- ``acquire`` / ``renew`` / ``release`` of slots of concurrency limits (open event streams: one per end
+  user and one per app, taken together or not at all), held by a holder id with a lease that the holder
+  renews: a dead holder's slots come back when it runs out.
 
-Redis answers each with one Lua script on one key (cluster-safe) and Redis's own clock; the database
-with one short transaction of its own (never the caller's session) behind a striped lock row.
+Redis answers each with one Lua script (cluster-safe: one key, or the scopes of one stream, which share
+a hash tag) and Redis's own clock, through at most :data:`REDIS_CALLS` calls at a time per process (a
+herd of arrivals waits its turn for a few connections rather than opening hundreds); the database with
+one short transaction of its own (never the caller's session) behind striped lock rows.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 import time
 import zlib
 from collections.abc import Iterator, Sequence
@@ -33,6 +37,8 @@ from api.models.limits import LOCK_STRIPES
 __all__ = ["DatabaseLimitStore", "LimitStore", "RedisLimitStore"]
 
 KEY_PREFIX = "limits:"
+#: Redis calls one process makes at once; the others wait their turn (in order, under gevent).
+REDIS_CALLS = 8
 logger = logging.getLogger(__name__)
 
 
@@ -41,11 +47,14 @@ class LimitStore(Protocol):
 
     def amount_hit(self, key: str, limit: int, window: float, amount: int) -> float | None: ...
 
-    def acquire(self, scope: str, limit: int, holder: str, lease: float) -> float | None: ...
+    def acquire(self, scopes: Sequence[tuple[str, int]], holder: str, lease: float) -> tuple[int, float] | None:
+        """A slot of every ``(scope, limit)`` for ``holder``, or none: then the index of the first scope
+        that is full and the seconds until one of its slots' lease runs out."""
+        ...
 
     def renew(self, slots: Sequence[tuple[str, str]], lease: float) -> None: ...
 
-    def release(self, scope: str, holder: str) -> None: ...
+    def release(self, scopes: Sequence[str], holder: str) -> None: ...
 
     def holders(self, scope: str) -> int: ...
 
@@ -77,14 +86,23 @@ return 0
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local lease = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if not redis.call('ZSCORE', KEYS[1], ARGV[3]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return math.max(1, tonumber(first[2]) - now)
+local lease = tonumber(ARGV[1])
+local holder = ARGV[2]
+for i = 1, #KEYS do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+  if not redis.call('ZSCORE', KEYS[i], holder) and redis.call('ZCARD', KEYS[i]) >= tonumber(ARGV[2 + i]) then
+    local first = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+    return {i, math.max(1, tonumber(first[2]) - now)}
+  end
 end
-redis.call('ZADD', KEYS[1], now + lease, ARGV[3])
-redis.call('PEXPIRE', KEYS[1], 2 * lease)
+for i = 1, #KEYS do
+  redis.call('ZADD', KEYS[i], now + lease, holder)
+  redis.call('PEXPIRE', KEYS[i], 2 * lease)
+end
+return {0, 0}
+"""
+_RELEASE = """
+for i = 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[1]) end
 return 0
 """
 _RENEW = """
@@ -111,12 +129,14 @@ class RedisLimitStore:
 
     def __init__(self, client: Any) -> None:
         self._client = client
+        self._calls = threading.BoundedSemaphore(REDIS_CALLS)
         self._scripts = {
             name: client.register_script(source)
             for name, source in (
                 ("window", _WINDOW),
                 ("amount", _AMOUNT),
                 ("acquire", _ACQUIRE),
+                ("release", _RELEASE),
                 ("renew", _RENEW),
                 ("holders", _HOLDERS),
             )
@@ -128,7 +148,8 @@ class RedisLimitStore:
         from redis.exceptions import RedisError
 
         try:
-            return int(self._scripts[name](keys=[KEY_PREFIX + key], args=list(args)))
+            with self._calls:
+                return int(self._scripts[name](keys=[KEY_PREFIX + key], args=list(args)))
         except RedisError as exc:
             logger.warning("limits: Redis did not answer, %s is not limited meanwhile: %s", key.split(":")[0], exc)
             return 0
@@ -139,8 +160,21 @@ class RedisLimitStore:
     def amount_hit(self, key: str, limit: int, window: float, amount: int) -> float | None:
         return _seconds(self._run("amount", key, amount, limit, int(window * 1000)))
 
-    def acquire(self, scope: str, limit: int, holder: str, lease: float) -> float | None:
-        return _seconds(self._run("acquire", scope, limit, int(lease * 1000), holder))
+    def acquire(self, scopes: Sequence[tuple[str, int]], holder: str, lease: float) -> tuple[int, float] | None:
+        """One script for all ``scopes`` (which share a hash tag: one cluster slot); allowed when Redis
+        cannot be asked, as every limit here."""
+        from redis.exceptions import RedisError
+
+        keys = [KEY_PREFIX + scope for scope, _ in scopes]
+        try:
+            with self._calls:
+                index, wait = self._scripts["acquire"](
+                    keys=keys, args=[int(lease * 1000), holder, *[limit for _, limit in scopes]]
+                )
+        except RedisError as exc:
+            logger.warning("limits: Redis did not answer, open streams are not limited meanwhile: %s", exc)
+            return None
+        return None if int(index) == 0 else (int(index) - 1, int(wait) / 1000)
 
     def renew(self, slots: Sequence[tuple[str, str]], lease: float) -> None:
         by_scope: dict[str, list[str]] = {}
@@ -149,10 +183,11 @@ class RedisLimitStore:
         for scope, holders in by_scope.items():
             self._run("renew", scope, int(lease * 1000), *holders)
 
-    def release(self, scope: str, holder: str) -> None:
+    def release(self, scopes: Sequence[str], holder: str) -> None:
         """Raises:
-        redis.RedisError: Redis cannot be asked (the slot's lease gives it back)."""
-        self._client.zrem(KEY_PREFIX + scope, holder)
+        redis.RedisError: Redis cannot be asked (the slots' leases give them back)."""
+        with self._calls:
+            self._scripts["release"](keys=[KEY_PREFIX + scope for scope in scopes], args=[holder])
 
     def holders(self, scope: str) -> int:
         return self._run("holders", scope)
@@ -181,7 +216,7 @@ class DatabaseLimitStore:
 
     def _locked(self, connection: Connection, key: str) -> None:
         """Take the lock row of ``key``'s stripe for the rest of the transaction (made on first use)."""
-        stripe = f"lock:{zlib.crc32(key.encode()) % LOCK_STRIPES}"
+        stripe = f"lock:{_stripe(key)}"
         taken = connection.execute(update(LimitCounter).where(LimitCounter.key == stripe).values(count=0))
         if taken.rowcount == 0:
             dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
@@ -223,24 +258,32 @@ class DatabaseLimitStore:
                 )
         return None
 
-    def acquire(self, scope: str, limit: int, holder: str, lease: float) -> float | None:
+    def acquire(self, scopes: Sequence[tuple[str, int]], holder: str, lease: float) -> tuple[int, float] | None:
         now = time.time()
         with _begin() as connection:
-            self._locked(connection, scope)
-            connection.execute(delete(LimitSlot).where(LimitSlot.scope == scope, LimitSlot.expires_at <= now))
-            mine = connection.execute(
-                update(LimitSlot)
-                .where(LimitSlot.scope == scope, LimitSlot.holder == holder)
-                .values(expires_at=now + lease)
-            )
-            if mine.rowcount:
-                return None
-            count, first = connection.execute(
-                select(func.count(), func.min(LimitSlot.expires_at)).where(LimitSlot.scope == scope)
-            ).one()
-            if count >= limit:
-                return max(0.001, float(first) - now)
-            connection.execute(LimitSlot.__table__.insert().values(scope=scope, holder=holder, expires_at=now + lease))
+            # Every scope's stripe, in one order whoever asks: two streams never wait for each other's.
+            for stripe_of in sorted({scope for scope, _ in scopes}, key=_stripe):
+                self._locked(connection, stripe_of)
+            wanted = []
+            for index, (scope, limit) in enumerate(scopes):
+                connection.execute(delete(LimitSlot).where(LimitSlot.scope == scope, LimitSlot.expires_at <= now))
+                mine = connection.execute(
+                    update(LimitSlot)
+                    .where(LimitSlot.scope == scope, LimitSlot.holder == holder)
+                    .values(expires_at=now + lease)
+                )
+                if mine.rowcount:
+                    continue
+                count, first = connection.execute(
+                    select(func.count(), func.min(LimitSlot.expires_at)).where(LimitSlot.scope == scope)
+                ).one()
+                if count >= limit:  # nothing taken: what ran is expiry, and renewing slots already ours
+                    return index, max(0.001, float(first) - now)
+                wanted.append(scope)
+            for scope in wanted:
+                connection.execute(
+                    LimitSlot.__table__.insert().values(scope=scope, holder=holder, expires_at=now + lease)
+                )
         return None
 
     def renew(self, slots: Sequence[tuple[str, str]], lease: float) -> None:
@@ -255,9 +298,9 @@ class DatabaseLimitStore:
                     .values(expires_at=expires)
                 )
 
-    def release(self, scope: str, holder: str) -> None:
+    def release(self, scopes: Sequence[str], holder: str) -> None:
         with _begin() as connection:
-            connection.execute(delete(LimitSlot).where(LimitSlot.scope == scope, LimitSlot.holder == holder))
+            connection.execute(delete(LimitSlot).where(LimitSlot.scope.in_(list(scopes)), LimitSlot.holder == holder))
 
     def holders(self, scope: str) -> int:
         with _begin() as connection:
@@ -270,3 +313,7 @@ class DatabaseLimitStore:
 def ceil_seconds(seconds: float) -> int:
     """A Retry-After in whole seconds: at least 1, never early."""
     return max(1, math.ceil(seconds))
+
+
+def _stripe(key: str) -> int:
+    return zlib.crc32(key.encode()) % LOCK_STRIPES

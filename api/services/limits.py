@@ -201,37 +201,45 @@ def _stream_scopes(app_id: str, end_user: str) -> list[tuple[str, str, int]]:
     scopes = []
     if config.LIMIT_SSE_STREAMS_PER_END_USER > 0:
         scopes.append(
-            ("sse_streams_per_end_user", f"sse:user:{app_id}:{end_user}", config.LIMIT_SSE_STREAMS_PER_END_USER)
+            ("sse_streams_per_end_user", _user_scope(app_id, end_user), config.LIMIT_SSE_STREAMS_PER_END_USER)
         )
     if config.LIMIT_SSE_STREAMS_PER_KEY > 0:
-        scopes.append(("sse_streams_per_key", f"sse:app:{app_id}", config.LIMIT_SSE_STREAMS_PER_KEY))
+        scopes.append(("sse_streams_per_key", _app_scope(app_id), config.LIMIT_SSE_STREAMS_PER_KEY))
     return scopes
 
 
+# A stream's scopes share the hash tag of its app: in a Redis Cluster one script takes both.
+def _user_scope(app_id: str, end_user: str) -> str:
+    return f"sse:{{{app_id}}}:user:{end_user}"
+
+
+def _app_scope(app_id: str) -> str:
+    return f"sse:{{{app_id}}}:app"
+
+
 def acquire_stream(app_id: str, end_user: str) -> StreamSlot:
-    """Take a slot for one more open event stream of ``end_user`` of ``app_id``; renewed until released.
+    """Take a slot for one more open event stream of ``end_user`` of ``app_id`` (of the end user's limit
+    and of the app's, together or neither; one call to the store); renewed until released.
 
     Call :func:`release_stream` when the stream ends (its ``finally``), whatever ended it.
 
     Raises:
         TooManyRequestsError: The end user or the app has as many streams open as its limit allows.
     """
-    config = _config()
-    store = _store()
+    scopes = _stream_scopes(app_id, end_user)
     holder = uuid.uuid4().hex
-    taken: list[str] = []
-    for limit_name, scope, limit in _stream_scopes(app_id, end_user):
-        wait = store.acquire(scope, limit, holder, config.LIMIT_SSE_LEASE_SECONDS)
-        if wait is not None:
-            for held in taken:
-                store.release(held, holder)
-            key = f"{app_id}:{end_user}" if limit_name == "sse_streams_per_end_user" else app_id
-            noun = "this end user" if limit_name == "sse_streams_per_end_user" else "this app"
-            _refuse(limit_name, key, f"{noun} may have {limit} event streams open at once", config.LIMIT_RETRY_AFTER)
-        taken.append(scope)
-    slot = StreamSlot(holder, tuple(taken))
-    if taken:
-        _renewer().hold(slot)
+    if not scopes:
+        return StreamSlot(holder, ())
+    config = _config()
+    refused = _store().acquire([(scope, limit) for _, scope, limit in scopes], holder, config.LIMIT_SSE_LEASE_SECONDS)
+    if refused is not None:
+        index, _wait = refused
+        limit_name, _, limit = scopes[index]
+        key = f"{app_id}:{end_user}" if limit_name == "sse_streams_per_end_user" else app_id
+        noun = "this end user" if limit_name == "sse_streams_per_end_user" else "this app"
+        _refuse(limit_name, key, f"{noun} may have {limit} event streams open at once", config.LIMIT_RETRY_AFTER)
+    slot = StreamSlot(holder, tuple(scope for _, scope, _ in scopes))
+    _renewer().hold(slot)
     return slot
 
 
@@ -240,18 +248,16 @@ def release_stream(slot: StreamSlot) -> None:
     if not slot.scopes:
         return
     _renewer().drop(slot)
-    store = _store()
-    for scope in slot.scopes:
-        try:
-            store.release(scope, slot.holder)
-        except Exception as exc:  # the store is away: the lease gives the slot back
-            logger.warning("limits: a stream's slot could not be given back (its lease will): %s", exc)
+    try:
+        _store().release(slot.scopes, slot.holder)
+    except Exception as exc:  # the store is away: the lease gives the slots back
+        logger.warning("limits: a stream's slots could not be given back (their leases will): %s", exc)
 
 
 def stream_counts(app_id: str, end_user: str) -> tuple[int, int]:
     """Open streams of (``end_user`` of ``app_id``, ``app_id``) across every process, leases counted."""
     store = _store()
-    return store.holders(f"sse:user:{app_id}:{end_user}"), store.holders(f"sse:app:{app_id}")
+    return store.holders(_user_scope(app_id, end_user)), store.holders(_app_scope(app_id))
 
 
 class _Renewer:

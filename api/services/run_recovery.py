@@ -24,10 +24,12 @@ from sqlalchemy import and_, or_, select
 from api.configs import AppConfig
 from api.core.app.apps import run_store
 from api.core.app.apps.run_end import write_end
+from api.core.app.apps.run_history import holds_recorded_end
 from api.core.app.apps.topics import workflow_run_topic
-from api.core.durable_stream import DurableStreamError
+from api.core.durable_stream import CursorUnavailableError, DurableStreamError
 from api.core.workflow.engine import finished_event
 from api.core.workflow.events import make_event
+from api.extensions.ext_durable_stream import durable_stream
 from api.extensions.ext_event_bus import event_transport
 from api.libs import log_context, metrics
 from api.models import App, WorkflowRun, WorkflowRunStatus
@@ -106,6 +108,99 @@ def check_run(app: App, run: WorkflowRun) -> bool:
         return repair_end(app, run) or failed or requeued
 
 
+def _progress_lost(run: WorkflowRun, name: str) -> bool:
+    """Whether the store no longer holds the last event the run's worker recorded having appended (it has
+    fewer records, or others in their place): the library's own check of a position's history.
+
+    Raises:
+        DurableStreamError: The store failed.
+    """
+    ordinal, epoch = run.stream_progress_ordinal, run.stream_epoch
+    if ordinal is None or epoch is None or _config().WORKFLOW_EVENT_TRANSPORT != "durable_stream":
+        return False
+    backend = durable_stream()
+    cursor = backend.admin.cursor_after(name, epoch, ordinal, run.stream_progress_digest or "")
+    try:
+        with backend.topic(name).subscribe_from_cursor(cursor):
+            return False
+    except CursorUnavailableError as exc:
+        return exc.reason == "history_diverged"  # another incarnation or retention: not this check's to say
+
+
+def repair_lost_end(app: App, run: WorkflowRun) -> bool:
+    """:func:`check_lost_end`, then write the end again at once; for the readers of a finished run (one
+    store round trip), not for every look at its row. ``run`` may be detached from the session (a reader
+    holds no database connection while it talks to the store): the row is loaded again only when the
+    end must be repaired. Never raises: a store that is away is the reader's own 503 (or the next check's).
+    """
+    if not _end_recorded(run):
+        return False
+    try:
+        with log_context.bound(run_log_fields(app, run)):
+            info = event_transport().topic_info(workflow_run_topic(app.mode, run.id))
+            if info is None or holds_recorded_end(run, info):
+                return False
+            fresh = db.session.get(WorkflowRun, run.id, populate_existing=True)
+            repaired = fresh is not None and check_lost_end(app, fresh) and repair_end(app, fresh)
+            db.session.commit()
+            return repaired
+    except DurableStreamError as exc:
+        logger.warning("run %s: could not check whether the stream store still holds its end: %s", run.id, exc)
+        return False
+
+
+def _end_recorded(run: WorkflowRun) -> bool:
+    return (
+        run.run_status.is_terminal
+        and run.stream_ended
+        and run.stream_final_ordinal is not None
+        and _config().WORKFLOW_EVENT_TRANSPORT == "durable_stream"
+    )
+
+
+def check_lost_end(app: App, run: WorkflowRun) -> bool:
+    """A run whose end was written, and whose topic no longer ends there (a stream-store failover lost
+    its last events, its end or its seal): make its end pending again, so that :func:`repair_end` writes it.
+
+    Only the seal lost, the end is sealed again where it was. Records lost, no one can put them back
+    (the worker that had them is done): the topic is deleted, so that the end goes to a new incarnation
+    and every reader is told (another epoch than the row's: 410) instead of reading a run with a hole.
+    Rows written before the final position was recorded are not checked.
+    """
+    final_ordinal = run.stream_final_ordinal
+    if not _end_recorded(run) or final_ordinal is None:
+        return False
+    name = workflow_run_topic(app.mode, run.id)
+    transport = event_transport()
+    info = transport.topic_info(name)
+    # Sealed at the recorded end: whole (or, after an earlier gap, the new incarnation's end, which the
+    # row records then; readers tell the incarnations apart by the row's epoch). No topic at all is
+    # retention's doing as often as a loss: readers tell which from the row (``streams._events_lost``).
+    if info is None or holds_recorded_end(run, info):
+        return False
+    if not run_store.reopen_end(run.id, final_ordinal):
+        return False  # another process saw it first
+    metrics.REAPS.tally.add(("end_lost",))
+    whole_but_open = (
+        info.epoch == run.stream_epoch
+        and info.last_ordinal == final_ordinal
+        and (not run.stream_final_digest or info.last_digest == run.stream_final_digest)
+    )
+    if whole_but_open:
+        logger.warning("run %s: the stream store lost its seal; sealing it again", run.id)
+    else:
+        logger.warning(
+            "run %s: the stream store lost its last events (it ends at %s, the run ended at %s); its history "
+            "restarts in a new incarnation",
+            run.id,
+            info.last_ordinal,
+            final_ordinal,
+        )
+        durable_stream().admin.delete_topic(name)
+    db.session.refresh(run)
+    return True
+
+
 def run_log_fields(app: App, run: WorkflowRun) -> dict[str, str]:
     """What every log line about ``run`` carries (see ``api.libs.log_context``)."""
     return log_context.fields_of(
@@ -182,13 +277,22 @@ def repair_end(app: App, run: WorkflowRun) -> bool:
     # now (a store that restarted empty), a synthetic start would make the end look like the whole
     # run to a reader; without it, the history visibly does not begin with the start (a 410).
     started = started_event_of(app, run) if run.stream_epoch is None else None
+    name = workflow_run_topic(app.mode, run.id)
     try:
-        write_end(event_transport(), workflow_run_topic(app.mode, run.id), finished_event_of(run), started)
+        transport = event_transport()  # a process's first use of the store connects, and may fail
+        if _progress_lost(run, name):
+            # Events the worker appended are gone (a failover), and the worker cannot append them again:
+            # the end goes to a new incarnation, so that no reader takes the rest for the whole run.
+            logger.warning("run %s: the stream store lost events its worker appended; its history restarts", run.id)
+            metrics.REAPS.tally.add(("end_lost",))
+            durable_stream().admin.delete_topic(name)
+        write_end(transport, name, finished_event_of(run), started)
+        final = transport.topic_info(name)
     except DurableStreamError as exc:
         logger.warning("run %s: its end is still pending: %s", run.id, exc)
         run_store.release_end_repair(run.id)
         return False
-    run_store.mark_stream_ended(run.id)
+    run_store.mark_stream_ended(run.id, final)
     db.session.refresh(run)
     logger.info("run %s: its pending end was written", run.id)
     return True

@@ -108,6 +108,7 @@ def _dispatch(message: Message, now: float, report: DispatchReport) -> None:
             return
         report.sent += 1
         metrics.TASK_SENDS.tally.add(("again", "ok"))
+        metrics.REAPS.tally.add(("requeued",))
         why = "no worker claimed its attempt" if message.sends else "its task message never reached the broker"
         logger.warning("run %s: %s; queued it again (send %d)", message.run_id, why, message.sends + 1)
 

@@ -173,7 +173,7 @@ def test_the_end_is_retried_until_the_store_is_back(redis_store: RedisServer) ->
     with connect(redis_store.url) as backend:
         transport = DurableEventTransport(backend)
         stream_ended: list[bool] = []
-        c = coordinator(transport, on_stream_ended=lambda: stream_ended.append(True), end_deadline=30)
+        c = coordinator(transport, on_stream_ended=lambda info: stream_ended.append(True), end_deadline=30)
         c.publish(event("workflow_started"))
         redis_store.kill()
         # Published from another thread: the server must be restarted by this one, which it dies with.
@@ -198,7 +198,7 @@ def test_an_end_not_written_by_the_deadline_is_left_pending(redis_store: RedisSe
         c = coordinator(
             transport,
             before_end=lambda e: recorded.append(e["data"]["status"]) or True,
-            on_stream_ended=lambda: stream_ended.append(True),
+            on_stream_ended=lambda info: stream_ended.append(True),
             end_deadline=0.5,
         )
         c.publish(event("workflow_started"))

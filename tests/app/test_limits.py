@@ -286,3 +286,76 @@ def test_stream_slots_are_counted_across_processes_and_expire_with_a_dead_one(
         holder.wait(timeout=10)
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+@pytest.mark.parametrize("store", list(STORES))
+def test_open_event_streams_past_the_limits_are_429_and_given_back_when_clients_leave(
+    tmp_path: pathlib.Path, store: str
+) -> None:
+    """Streams of one end user and of one app, across two API processes: the next one past a limit is 429
+    with Retry-After, a streaming start past it creates no run, and the counts return to 0 once the
+    clients are gone (a parked stream notices at its next ping)."""
+    ping = 0.5
+    env = served_env(
+        tmp_path,
+        store,
+        LIMIT_SSE_STREAMS_PER_END_USER="3",
+        LIMIT_SSE_STREAMS_PER_KEY="4",
+        LIMIT_RETRY_AFTER="7",
+        SSE_PING_INTERVAL=str(ping),
+    )
+    app, info = new_app(env)
+    key, app_id = info["api_key"], info["app_id"]
+    headers = {"Authorization": f"Bearer {key}"}
+    worker = Worker(env, tmp_path / "worker.log")
+    worker.wait_ready()
+    request_finalizer = worker.stop
+    with two_servers(env, tmp_path) as urls:
+        paused = {}
+        for user in ("alice", "bob"):
+            run = requests.post(
+                f"{urls[0]}/v1/workflows/run",
+                json={"inputs": {"name": user, "mood": "formal"}, "user": user, "response_mode": "blocking"},
+                headers=headers,
+                timeout=60,
+            ).json()
+            assert run["data"]["status"] == "paused", run
+            paused[user] = run["task_id"]
+        opened: list[requests.Response] = []
+
+        def open_stream(index: int, user: str) -> requests.Response:
+            # A run waiting for its form keeps these open: a tail, and a replay that goes on through the pause.
+            query = "&include_state_snapshot=true&continue_on_pause=true" if index % 2 else ""
+            url = f"{urls[index % 2]}/v1/workflow/{paused[user]}/events?user={user}{query}"
+            response = requests.get(url, headers=headers, stream=True, timeout=30)
+            opened.append(response)
+            return response
+
+        try:
+            assert [open_stream(index, "alice").status_code for index in range(3)] == [200] * 3
+            assert_refused(open_stream(3, "alice"), "sse_streams_per_end_user", range(7, 8))
+            assert open_stream(4, "bob").status_code == 200
+            assert_refused(open_stream(5, "bob"), "sse_streams_per_key", range(7, 8))
+            # A streaming start past the app's limit is refused before a run exists.
+            with app.app_context():
+                from api.models import WorkflowRun
+                from api.models.engine import db
+
+                runs_before = db.session.query(WorkflowRun).count()
+                db.session.remove()
+            start = requests.post(
+                f"{urls[1]}/v1/workflows/run",
+                json={"inputs": {"name": "carol"}, "user": "carol", "response_mode": "streaming"},
+                headers=headers,
+                timeout=30,
+            )
+            assert_refused(start, "sse_streams_per_key", range(7, 8))
+            with app.app_context():
+                assert db.session.query(WorkflowRun).count() == runs_before
+                assert limits.stream_counts(app_id, "alice") == (3, 4)
+        finally:
+            for response in opened:
+                response.close()
+        with app.app_context():
+            wait_until(lambda: limits.stream_counts(app_id, "alice") == (0, 0), 40 * ping, "the slots given back")
+    request_finalizer()

@@ -29,7 +29,8 @@ from api.durable_streams_app import create_gateway_app
 from api.services import credentials
 from harness.app_env import base_env
 from harness.processes import ROOT
-from harness.served_stack import GunicornServer
+from harness.served_stack import GunicornServer, ServedStack
+from harness.sse import SseMessage, parse_sse
 from harness.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -274,3 +275,56 @@ def test_a_gateway_sse_reader_ends_with_key_revoked(gateway: tuple[Flask, Flask,
     assert rest.endswith(
         b'event: error\ndata:{"code":"key_revoked","message":"the API key of this reader was revoked"}\n\n'
     )
+
+
+@pytest.mark.parametrize("shared_writer", [True, False], ids=["writer", "alone"])
+def test_open_event_streams_of_a_revoked_key_end_with_key_revoked(tmp_path: pathlib.Path, shared_writer: bool) -> None:
+    """Streams served by their run's shared writer and streams reading alone: each ends with an ``error``
+    event ``key_revoked`` within the check interval once its key is revoked; a stream of another app
+    stays open."""
+    interval = 0.2
+    env = base_env(
+        tmp_path,
+        CREDENTIAL_CHECK_INTERVAL=str(interval),
+        SSE_SHARED_WRITER=str(shared_writer).lower(),
+        SSE_PING_INTERVAL="0.5",
+    )
+    with ServedStack(env, tmp_path / "stack", servers=1, workers_per_server=1, celery_concurrency=2) as served:
+        url = served.urls[0]
+        keys = [served.create_app(GREETING) for _ in range(2)]  # the second one's stream must stay open
+        opened: list[tuple[requests.Response, Iterator[SseMessage]]] = []
+        try:
+            for key in keys:
+                run = requests.post(
+                    f"{url}/v1/workflows/run",
+                    json={"inputs": {"name": "Rev", "mood": "formal"}, "user": "u1", "response_mode": "blocking"},
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=60,
+                ).json()
+                assert run["data"]["status"] == "paused", run  # a paused run keeps its streams open
+                for query in ("&include_state_snapshot=true&continue_on_pause=true", ""):  # a replay and a tail
+                    response = requests.get(
+                        f"{url}/v1/workflow/{run['task_id']}/events?user=u1{query}",
+                        headers={"Authorization": f"Bearer {key}"},
+                        stream=True,
+                        timeout=30,
+                    )
+                    assert response.status_code == 200, response.text
+                    messages = parse_sse(response.iter_content(None))
+                    assert next(messages).is_ping
+                    opened.append((response, messages))
+            cli(served.app, "apps", "revoke-key", keys[0])
+            for _, messages in opened[:2]:
+                last = None
+                for message in messages:  # to the end of the response
+                    if not message.is_ping:
+                        last = message
+                assert last is not None and last.event == "error", last
+                assert (last.json["code"], last.json["status"]) == ("key_revoked", 401)
+            # The other app's streams are still open: their next ping comes.
+            for _, messages in opened[2:]:
+                assert next(messages).event in ("ping", None)
+        finally:
+            for response, _ in opened:
+                response.close()
+        assert 500 not in served.statuses()

@@ -28,6 +28,15 @@ HERE = pathlib.Path(__file__).resolve().parent
 ADAPTERS = ("memory", "sqlite", "redis", "postgres", "nats")
 #: Long-polls in the suite wait this long on the gateway (the suite's own timeout is 1 s more).
 LONG_POLL_SECONDS = 3
+#: gunicorn's ``--keep-alive``, as docs/gateway.md runs it: longer than Node's fetch keeps an idle
+#: connection (4 s), so the client, never the server, closes idle connections. With gunicorn's default
+#: of 2 s a request sent after a pause of about 2 s (the suite's TTL tests pause 1.5 s, longer on a busy
+#: machine) could meet a connection the server was closing, and the body of a refused (413) 10 MB append,
+#: which gunicorn reads and discards before the connection's next request, had 2 s to arrive: both
+#: "fetch failed".
+KEEP_ALIVE_SECONDS = 10
+#: The longest one vitest run may take (the suite runs its files one after another, its TTL tests pause).
+VITEST_SECONDS = 600
 
 
 @contextlib.contextmanager
@@ -50,7 +59,9 @@ def adapter_url(adapter: str, var_dir: pathlib.Path) -> str:
     if adapter == "sqlite":
         return f"sqlite:///{var_dir / 'streams.db'}"
     if adapter == "redis":
-        return redis_url(db=7)
+        # A key prefix of its own, as PostgreSQL gets a schema: a retention sweep scans this test's keys
+        # only, not everything earlier runs left in the shared server.
+        return redis_url(7, f"key_prefix=gw-{uuid.uuid4().hex[:10]}:")
     if adapter == "postgres":
         return postgres_dsn("postgresql", f"schema=gw_{uuid.uuid4().hex[:10]}")
     if adapter == "nats":
@@ -59,7 +70,7 @@ def adapter_url(adapter: str, var_dir: pathlib.Path) -> str:
 
 
 class GatewayServer(GunicornServer):
-    """``gunicorn -k gevent api.durable_streams_app:app`` with one worker, on a free port, as the README
+    """``gunicorn -k gevent api.durable_streams_app:app`` with one worker, on a free port, as docs/gateway.md
     runs it (gunicorn's own settings, not the API's config module)."""
 
     def __init__(self, stream_url: str, var_dir: pathlib.Path, **settings: Any) -> None:
@@ -80,6 +91,7 @@ class GatewayServer(GunicornServer):
             access_log=False,
             app="api.durable_streams_app:app",
             config=None,
+            extra_args=("--keep-alive", str(KEEP_ALIVE_SECONDS)),
             ready_path="/health-probe",
         )
         self.base_url = self.url
@@ -103,7 +115,7 @@ def run_vitest(
         },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        timeout=600,
+        timeout=VITEST_SECONDS,
         check=False,
     )
     report: dict[str, Any] = json.loads(output.read_text())

@@ -8,7 +8,6 @@ import json
 import pathlib
 import queue
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -24,9 +23,7 @@ from api.services import app_service
 from api.services.durable_streams_gateway import access
 from api.services.durable_streams_gateway.errors import GatewayError
 from api.services.durable_streams_gateway.metadata import MetadataStore, StreamMeta
-from api.services.retention import enforce_retention
 from harness.processes import ROOT
-from harness.waiting import wait_until
 
 from .gateway import ADAPTERS, adapter_store, adapter_url
 from .store_calls import StoreCalls
@@ -276,41 +273,6 @@ def test_sse_does_not_ask_for_the_streams_info_after_each_live_record(
     calls = store.names(thread.ident)
     # Two for the stream's load, one to confirm the seal; none per live record.
     assert calls.count("topic_info") <= 3, calls
-
-
-# Age retention -------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("adapter", ADAPTERS)
-def test_age_retention_keeps_a_stream_in_use(adapter: str, tmp_path: pathlib.Path) -> None:
-    max_age = 2.0
-    with adapter_store(adapter, tmp_path) as url:
-        app = gateway_app(tmp_path, url, max_age=max_age)
-        client = app.test_client()
-        backend = app.extensions["durable_stream"].backend
-        path, text = f"/aged/{uuid.uuid4().hex}", {"Content-Type": "text/plain"}
-        assert client.put(path, headers=text, data="a").status_code == 201
-        # Written to (and read) for twice the age: the sweep the app runs removes old records but never
-        # the stream, whose metadata snapshot is older than the age by then.
-        started = time.monotonic()
-        while time.monotonic() - started < 2.5 * max_age:
-            assert client.post(path, headers=text, data="x").status_code == 204
-            with app.app_context():
-                enforce_retention()
-            assert client.head(path).status_code == 200
-            assert client.get(path).status_code == 200
-            time.sleep(max_age / 8)
-
-        # Left alone, the stream goes with its records (both topics), and the path can be used again.
-        def gone() -> bool:
-            with app.app_context():
-                enforce_retention()
-            return backend.admin.topic_info(f"ds:{path}") is None and client.head(path).status_code == 404
-
-        wait_until(gone, 6 * max_age, "the idle stream to age out", interval=0.2)
-        assert client.put(path, headers=text, data="b").status_code == 201
-        assert client.get(path).data == b"b"
-        app.extensions["durable_stream"].close()
 
 
 def test_creates_and_deletes_that_stop_half_way_leave_nothing_in_the_way(

@@ -17,6 +17,17 @@ from api.core.durable_stream import DurableStreamBackend, connect
 from api.core.durable_stream.testing.helpers import closing_all
 from harness.redis_server import RedisServer
 
+#: Contract tests that are soak-like on a store of its own: 20,000 records of 1 KB appended by another
+#: process while a reader waits, to measure that reader's memory (a minute on NATS, half of one on a Redis
+#: Cluster, per adapter and per run). ``make bench`` runs them (``pytest -m soak``); ``make test`` does not.
+SOAK = frozenset({"test_records_piling_up_for_an_idle_subscriber_do_not_grow_its_memory"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if getattr(item, "originalname", item.name) in SOAK:
+            item.add_marker(pytest.mark.soak)
+
 
 @pytest.fixture
 def backend_defaults() -> dict[str, Any]:

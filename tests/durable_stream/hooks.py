@@ -253,3 +253,122 @@ def nats_prefetched(backend: DurableStreamBackend, topic: str) -> int:
     """How many republished messages of ``topic`` the backend object holds for readers at the tail."""
     conn = driver(backend)._connection()
     return int(conn.prefetch.size(conn.topics.subject(topic)))
+
+
+# -- forks: a store that forgets its last records, as a failover to a replica behind leaves it ---------
+
+
+def memory_lose_last_records(backend: DurableStreamBackend, name: str, count: int) -> None:
+    state = driver(backend)._topics[name]
+    assert len(state.records) > count, "keep at least one record: the digest before them is a record's"
+    del state.records[-count:]
+    state.last_digest = state.records[-1][2]
+    state.sealed = False
+
+
+def sqlite_lose_last_records(backend: DurableStreamBackend, name: str, count: int) -> None:
+    def work(connection: Any) -> None:
+        topic_id, last = connection.execute("SELECT id, last_seq FROM topics WHERE name = ?", (name,)).fetchone()
+        keep = last - count
+        connection.execute("DELETE FROM records WHERE topic_id = ? AND seq > ?", (topic_id, keep))
+        (digest,) = connection.execute(
+            "SELECT digest FROM records WHERE topic_id = ? AND seq = ?", (topic_id, keep)
+        ).fetchone()
+        connection.execute(
+            "UPDATE topics SET last_seq = ?, last_digest = ?, sealed = 0 WHERE id = ?", (keep, digest, topic_id)
+        )
+
+    sqlite_driver(backend)._write("lose records", work)
+
+
+_REDIS_LOSE = r"""
+local meta, stream = KEYS[1], KEYS[2]
+local count = tonumber(ARGV[1])
+local entries = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', count + 1)
+for index = 1, count do redis.call('XDEL', stream, entries[index][1]) end
+local keep = entries[count + 1]
+local fields, ordinal, digest = keep[2], nil, ''
+for index = 1, #fields, 2 do
+  if fields[index] == 'o' then ordinal = fields[index + 1] end
+  if fields[index] == 'h' then digest = fields[index + 1] end
+end
+redis.call('HSET', meta, 'l', ordinal, 'i', keep[1], 'h', digest)
+redis.call('HDEL', meta, 's')
+return 1
+"""
+
+
+def redis_lose_last_records(backend: DurableStreamBackend, name: str, count: int) -> None:
+    """What a replica promoted before it had the last ``count`` appends holds (its stream IDs go on after
+    the lost ones, as the replica's clock would); this process's prefetch forgets them, as its broken
+    links to the old primary would make it."""
+    from api.core.durable_stream.adapters.redis.scripts import Script
+
+    found = redis_driver(backend)
+    found._redis.evalsha(Script.of(_REDIS_LOSE), found._keys(name), [count])
+    if found._prefetch is not None:
+        found._prefetch.clear()
+
+
+def postgres_lose_last_records(backend: DurableStreamBackend, name: str, count: int) -> None:
+    from sqlalchemy import text
+
+    found = driver(backend)
+    s = f'"{found._schema}"'
+
+    def work(conn: Any) -> None:
+        conn.execution_options(isolation_level="READ COMMITTED")
+        with conn.begin():
+            topic_id, last = conn.execute(
+                text(f"SELECT id, last_seq FROM {s}.topics WHERE name = :name FOR UPDATE"), {"name": name}
+            ).one()
+            keep = last - count
+            conn.execute(
+                text(f"DELETE FROM {s}.records WHERE topic_id = :id AND seq > :keep"), {"id": topic_id, "keep": keep}
+            )
+            conn.execute(
+                text(
+                    f"UPDATE {s}.topics SET last_seq = :keep, sealed = false, last_digest = "
+                    f"(SELECT digest FROM {s}.records WHERE topic_id = :id AND seq = :keep) WHERE id = :id"
+                ),
+                {"id": topic_id, "keep": keep},
+            )
+
+    found._run("lose records", work)
+
+
+def nats_lose_last_records(backend: DurableStreamBackend, name: str, count: int) -> None:
+    """The subject rewritten with its messages up to the last ``count`` records (copied with their headers:
+    epoch, ordinals and digests), as a stream restored from an older copy; new sequences, which the
+    adapter must not trust over the ordinals. This process forgets what it remembered, as a reconnect
+    to a restored server would make it."""
+    conn = driver(backend)._connection()
+    store = conn.topics
+    subject = store.subject(name)
+
+    async def rewrite() -> None:
+        messages = await conn.js.batch(subject, 1, 100_000)
+        last = max(message.ordinal for message in messages if message.is_record)
+        kept = [message for message in messages if message.ordinal <= last - count and message.kind != "s"]
+        await conn.js.purge(subject)
+        previous = 0
+        for message in kept:
+            headers = {"Ds-O": str(message.ordinal), "Ds-E": message.epoch, "Ds-H": message.digest}
+            if message.kind:
+                headers["Ds-K"] = message.kind
+            previous = await conn.js.publish(subject, message.payload, headers, previous)
+
+    conn.loop.run(rewrite, 30.0)
+    store.forget()
+
+
+def lose_last_records(backend: DurableStreamBackend, name: str, count: int) -> None:
+    """Any adapter's store forgets topic ``name``'s last ``count`` records (see ``*_lose_last_records``)."""
+    by_adapter: dict[str, Callable[[DurableStreamBackend, str, int], None]] = {
+        "memory": memory_lose_last_records,
+        "sqlite": sqlite_lose_last_records,
+        "redis": redis_lose_last_records,
+        "postgres": postgres_lose_last_records,
+        "nats": nats_lose_last_records,
+    }
+    by_adapter[backend._engine.name](backend, name, count)

@@ -18,6 +18,7 @@ import pytest
 from api.core.durable_stream import DurableStreamBackend, connect
 from api.core.durable_stream.testing import DurableStreamContract
 from harness.nats_server import NatsServer
+from tests.durable_stream import hooks
 
 _STREAM_OPTIONS = ("max_records", "max_age_seconds", "replicas", "storage")
 
@@ -45,3 +46,6 @@ class TestNatsContract(DurableStreamContract):
 
     def make_backend(self, **options: Any) -> DurableStreamBackend:
         return connect(self._url, **stream_options(options))
+
+    def lose_last_records(self, backend: DurableStreamBackend, name: str, count: int) -> None:
+        hooks.nats_lose_last_records(backend, name, count)

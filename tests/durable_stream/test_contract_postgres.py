@@ -16,6 +16,7 @@ import pytest
 from api.core.durable_stream import DurableStreamBackend, connect
 from api.core.durable_stream.testing import DurableStreamContract
 from harness.services import POSTGRES_URL
+from tests.durable_stream import hooks
 
 SHARED_URL = POSTGRES_URL
 
@@ -52,3 +53,6 @@ class TestPostgresContract(DurableStreamContract):
 
     def make_backend(self, **options: Any) -> DurableStreamBackend:
         return connect(SHARED_URL, schema=self._schema_name, **options)
+
+    def lose_last_records(self, backend: DurableStreamBackend, name: str, count: int) -> None:
+        hooks.postgres_lose_last_records(backend, name, count)

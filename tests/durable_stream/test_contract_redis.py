@@ -12,6 +12,7 @@ from typing import Any
 from api.core.durable_stream import DurableStreamBackend, connect
 from api.core.durable_stream.testing import DurableStreamContract
 from harness.services import redis_url
+from tests.durable_stream import hooks
 
 REDIS_URL = redis_url(0)
 KEY_PREFIX = f"dstest-{uuid.uuid4().hex[:12]}:"
@@ -27,3 +28,6 @@ class TestRedisContract(DurableStreamContract):
 
     def make_backend(self, **options: Any) -> DurableStreamBackend:
         return connect(REDIS_URL, key_prefix=KEY_PREFIX, **options)
+
+    def lose_last_records(self, backend: DurableStreamBackend, name: str, count: int) -> None:
+        hooks.redis_lose_last_records(backend, name, count)

@@ -16,6 +16,7 @@ import pytest
 from api.core.durable_stream import DurableStreamBackend, connect
 from api.core.durable_stream.testing import DurableStreamContract
 from harness.redis_server import RedisClusterProcess, redis_available
+from tests.durable_stream import hooks
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server and redis-cli are needed")
 
@@ -42,3 +43,6 @@ class TestRedisClusterContract(DurableStreamContract):
 
     def make_backend(self, **options: Any) -> DurableStreamBackend:
         return connect(self._url, key_prefix=KEY_PREFIX, **options)
+
+    def lose_last_records(self, backend: DurableStreamBackend, name: str, count: int) -> None:
+        hooks.redis_lose_last_records(backend, name, count)

@@ -9,6 +9,7 @@ import pytest
 
 from api.core.durable_stream import DurableStreamBackend, connect
 from api.core.durable_stream.testing import DurableStreamContract
+from tests.durable_stream import hooks
 
 
 class TestSqliteContract(DurableStreamContract):
@@ -25,3 +26,6 @@ class TestSqliteContract(DurableStreamContract):
 
     def make_backend(self, **options: Any) -> DurableStreamBackend:
         return connect(self._url, **options)
+
+    def lose_last_records(self, backend: DurableStreamBackend, name: str, count: int) -> None:
+        hooks.sqlite_lose_last_records(backend, name, count)

@@ -16,6 +16,10 @@ from api.core.durable_stream.testing.helpers import blocked_in_wait
 from harness.processes import run_script
 from harness.waiting import wait_until
 
+#: The time unit of the scenarios: the gaps between the deadlines they file, and the short waits. Long
+#: enough that a busy machine's scheduling delays stay well inside one unit.
+UNIT = 0.5
+
 SCENARIOS = textwrap.dedent(
     """
     from gevent import monkey
@@ -24,6 +28,7 @@ SCENARIOS = textwrap.dedent(
     import gevent
     from api.core.durable_stream._cooperative import new_wake, run_blocking, HubWake
 
+    UNIT = __UNIT__
     report = {"patched": monkey.is_module_patched("threading"), "kind": type(new_wake()).__name__}
 
     wake = new_wake()
@@ -31,7 +36,7 @@ SCENARIOS = textwrap.dedent(
     report["set_before_wait"] = wake.wait(5.0)
     wake.clear()
     started = time.monotonic()
-    report["timeout_result"] = wake.wait(0.05)
+    report["timeout_result"] = wake.wait(UNIT)
     report["timeout_elapsed"] = time.monotonic() - started
 
     def set_later(delay, target):
@@ -39,7 +44,7 @@ SCENARIOS = textwrap.dedent(
         target.set()
 
     woken = new_wake()
-    gevent.spawn(set_later, 0.05, woken)
+    gevent.spawn(set_later, UNIT / 10, woken)
     started = time.monotonic()
     report["greenlet_result"] = woken.wait(5.0)
     report["greenlet_elapsed"] = time.monotonic() - started
@@ -54,7 +59,7 @@ SCENARIOS = textwrap.dedent(
     # set() from a native OS thread (gevent's threadpool) must wake a waiting greenlet.
     native = new_wake()
     pool = gevent.get_hub().threadpool
-    pool.spawn(lambda: (time.sleep(0.05), native.set()))
+    pool.spawn(lambda: (time.sleep(UNIT / 10), native.set()))
     started = time.monotonic()
     report["native_result"] = native.wait(5.0)
     report["native_elapsed"] = time.monotonic() - started
@@ -77,14 +82,14 @@ SCENARIOS = textwrap.dedent(
         ended[name] = time.monotonic() - started
     early = new_wake()
     timed_waits = [
-        gevent.spawn(timed, "late", 0.3, new_wake()),
-        gevent.spawn(timed, "early", 0.1, early),
-        gevent.spawn(timed, "first", 0.1, new_wake()),
-        gevent.spawn(timed, "middle", 0.2, new_wake()),
+        gevent.spawn(timed, "late", 3 * UNIT, new_wake()),
+        gevent.spawn(timed, "early", UNIT, early),
+        gevent.spawn(timed, "first", UNIT, new_wake()),
+        gevent.spawn(timed, "middle", 2 * UNIT, new_wake()),
     ]
-    gevent.sleep(0.02)
+    gevent.sleep(UNIT / 10)
     early.set()
-    gevent.joinall(timed_waits, timeout=5)
+    gevent.joinall(timed_waits, timeout=10 * UNIT)
     report["deadline_order"] = sorted(ended, key=ended.get)
     report["deadline_elapsed"] = ended
 
@@ -133,7 +138,7 @@ SCENARIOS = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def report() -> dict[str, object]:
-    result, stderr = run_script(SCENARIOS)
+    result, stderr = run_script(SCENARIOS.replace("__UNIT__", repr(UNIT)))
     result["stderr"] = stderr
     return result
 
@@ -146,27 +151,29 @@ def test_under_gevent_the_hub_wake_is_used(report: dict[str, object]) -> None:
 def test_a_set_wake_returns_at_once_and_an_unset_one_times_out(report: dict[str, object]) -> None:
     assert report["set_before_wait"] is True
     assert report["timeout_result"] is False
-    assert 0.04 <= float(report["timeout_elapsed"]) < 1.0  # type: ignore[arg-type]
+    # Its own deadline, not a much later one (the waits elsewhere in the scenarios are 5 s).
+    assert 0.8 * UNIT <= float(report["timeout_elapsed"]) < 5 * UNIT  # type: ignore[arg-type]
 
 
 def test_set_from_another_greenlet_wakes_the_waiter_without_blocking_the_hub(report: dict[str, object]) -> None:
     assert report["greenlet_result"] is True
-    assert float(report["greenlet_elapsed"]) < 1.0  # type: ignore[arg-type]
+    assert float(report["greenlet_elapsed"]) < 5.0 / 2  # woken by the set, not at the wait's 5 s
     assert report["ticks_during_wait"] == 10
 
 
 def test_set_from_a_native_thread_wakes_the_waiter(report: dict[str, object]) -> None:
     assert report["native_result"] is True
-    assert float(report["native_elapsed"]) < 1.0  # type: ignore[arg-type]
+    assert float(report["native_elapsed"]) < 5.0 / 2  # woken by the set, not at the wait's 5 s
 
 
 def test_deadlines_end_each_wait_at_its_own_in_any_filing_order(report: dict[str, object]) -> None:
     assert report["deadline_order"] == ["early", "first", "middle", "late"]
     elapsed = report["deadline_elapsed"]
     assert isinstance(elapsed, dict)
-    assert elapsed["early"] < 0.09
-    for name, timeout in (("first", 0.1), ("middle", 0.2), ("late", 0.3)):
-        assert timeout <= elapsed[name] < timeout + 0.1, (name, elapsed[name])
+    assert elapsed["early"] < UNIT  # set before its deadline
+    # Each at its own deadline, before the next one's (they are a unit apart).
+    for name, timeout in (("first", UNIT), ("middle", 2 * UNIT), ("late", 3 * UNIT)):
+        assert timeout <= elapsed[name] < timeout + UNIT, (name, elapsed[name])
 
 
 def test_a_long_wait_does_not_wake_the_hub_before_its_deadline(report: dict[str, object]) -> None:
@@ -192,14 +199,14 @@ def test_without_gevent_a_set_wake_returns_at_once_and_an_unset_one_times_out() 
     wake = new_wake()
     assert type(wake).__name__ == "ThreadWake"
     started = time.monotonic()
-    assert wake.wait(0.05) is False
-    assert 0.04 <= time.monotonic() - started < 1.0
+    assert wake.wait(UNIT) is False
+    assert 0.8 * UNIT <= time.monotonic() - started < 5 * UNIT
     wake.set()
     assert wake.is_set()
     started = time.monotonic()
     assert wake.wait(5.0) is True
     assert wake.wait(5.0) is True  # stays set until cleared
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 5.0 / 2  # returned at once, not at the 5 s timeout
 
 
 def test_without_gevent_set_from_another_thread_wakes_the_waiter() -> None:
@@ -217,7 +224,7 @@ def test_without_gevent_set_from_another_thread_wakes_the_waiter() -> None:
     wait_until(lambda: blocked_in_wait(thread), timeout=5, what="the waiter to block in wait()")
     wake.set()
     thread.join(5.0)
-    assert results and results[0][0] is True and results[0][1] < 5.0, results
+    assert results and results[0][0] is True and results[0][1] < 10.0 / 2, results
 
 
 def test_without_gevent_a_wake_up_nobody_took_is_dropped_by_clear() -> None:

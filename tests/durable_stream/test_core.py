@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import signal
+import struct
 import subprocess
 import sys
 import urllib.parse
@@ -73,6 +76,42 @@ def test_cursor_round_trip_and_binding() -> None:
     with pytest.raises(CursorUnavailableError):
         CursorCodec("other-store", "topic").decode(cursor)
     assert "1700000000000" not in cursor, "a backend position must not show through the cursor"
+    with_digest = codec.encode("e" * 32, 41, "1700000000000-3", "0123456789abcdef")
+    assert codec.decode(with_digest).position == Position(41, "1700000000000-3", "0123456789abcdef")
+    assert with_digest.startswith("2.") and cursor.startswith("2.")
+
+
+def version_1_cursor(identity: str, topic: str, epoch: str, ordinal: int, native: str) -> str:
+    """A cursor as the previous release wrote it (no record digest), built here byte for byte."""
+    topic_digest = hashlib.blake2b(f"{identity}\0{topic}".encode(), digest_size=8).digest()
+    body = struct.pack(">8sQ", topic_digest, ordinal) + bytes([len(epoch)]) + epoch.encode() + native.encode()
+    raw = body + hashlib.blake2b(body, digest_size=6).digest()
+    return "1." + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def test_cursors_of_the_previous_version_still_resume() -> None:
+    with connect("memory://") as backend:
+        topic = backend.topic("t")
+        for payload in (b"a", b"b", b"c"):
+            topic.append(payload)
+        info = backend.admin.topic_info("t")
+        assert info is not None
+        identity = backend._engine.driver.identity
+        old = version_1_cursor(identity, "t", info.epoch, 1, "")
+        assert CursorCodec(identity, "t").decode(old).position == Position(1, "", "")
+        position = backend.admin.cursor_position("t", old)
+        assert (position.epoch, position.ordinal, position.digest) == (info.epoch, 1, "")
+        with topic.subscribe_from_cursor(old) as resumed:  # type: ignore[arg-type]
+            assert [resumed.receive(timeout=1).payload, resumed.receive(timeout=1).payload] == [b"b", b"c"]  # type: ignore[union-attr]
+            # Its records' cursors are of the new version, and verify the history from there on.
+            topic.append(b"d")
+            record = resumed.receive(timeout=1)
+            assert record is not None and record is not durable_stream.CLOSED
+            assert record.cursor.startswith("2.") and backend.admin.cursor_position("t", record.cursor).digest
+        # A version 1 cursor whose checksum does not hold is refused like any other.
+        with pytest.raises(CursorUnavailableError) as caught:
+            CursorCodec(identity, "t").decode(old[:-2] + ("AA" if old[-2:] != "AA" else "BB"))
+        assert caught.value.reason == "malformed"
 
 
 def test_importing_the_library_needs_no_driver_or_app_package() -> None:

@@ -175,6 +175,7 @@ def test_a_backend_created_before_fork_works_in_the_child(open_nats: Any) -> Non
     Under gevent monkey-patching too: ``os.fork`` is gevent's there (the child's hub is re-initialised),
     and the child must not use the parent's loop thread, raw locks or hub callbacks either."""
     backend = open_nats()
+    reread = hooks.driver(backend).reread_interval
     topic = backend.topic("forked")
     topic.append(b"parent")
     topic.append(b"parent 2")  # on the parent's publishing connection: open at the fork, never the child's
@@ -190,8 +191,8 @@ def test_a_backend_created_before_fork_works_in_the_child(open_nats: Any) -> Non
                     got = [r.payload for r in drain(child_subscription, 3, timeout=10)]
                     os.write(from_child, b"r")  # waiting for the parent's next append now
                     started = time.monotonic()
-                    live = [r.payload for r in drain(child_subscription, 1, timeout=10)]
-                    woken = time.monotonic() - started < 5  # a wake-up, not the 15 s re-read
+                    live = [r.payload for r in drain(child_subscription, 1, timeout=reread)]
+                    woken = time.monotonic() - started < reread / 2  # a wake-up, not the last-resort re-read
                 code = 0 if got == [b"parent", b"parent 2", b"child"] and live == [b"from parent"] and woken else 2
                 backend.close()
             finally:

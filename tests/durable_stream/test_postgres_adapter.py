@@ -7,7 +7,6 @@ collide. Faults that need the server stopped or killed live in ``test_postgres_f
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import textwrap
@@ -190,6 +189,50 @@ def test_migration_command_and_create_tables_false(schema: str, open_backend: Ca
         assert [r.payload for r in drain(subscription, 1, timeout=20)] == [b"after migration"]
 
 
+VERSION_1_DDL = """
+CREATE SCHEMA "{s}";
+CREATE TABLE "{s}".topics (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, name text NOT NULL UNIQUE, epoch text NOT NULL,
+    first_seq bigint NOT NULL DEFAULT 1, last_seq bigint NOT NULL DEFAULT 0, sealed boolean NOT NULL DEFAULT false,
+    updated_at timestamptz NOT NULL DEFAULT clock_timestamp(), CHECK (first_seq >= 1 AND first_seq <= last_seq + 1)
+);
+CREATE TABLE "{s}".records (
+    topic_id bigint NOT NULL, seq bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    payload bytea NOT NULL, PRIMARY KEY (topic_id, seq)
+);
+CREATE TABLE "{s}".meta (key text PRIMARY KEY, value text NOT NULL);
+INSERT INTO "{s}".meta VALUES ('identity', 'old-store'), ('schema_version', '1');
+INSERT INTO "{s}".topics (name, epoch, last_seq) VALUES ('t', 'e1', 2);
+INSERT INTO "{s}".records (topic_id, seq, payload) SELECT id, 1, 'a' FROM "{s}".topics;
+INSERT INTO "{s}".records (topic_id, seq, payload) SELECT id, 2, 'b' FROM "{s}".topics;
+"""
+
+
+def test_a_version_1_store_is_upgraded_in_place(
+    schema: str, engine: sqlalchemy.Engine, open_backend: Callable[..., Any]
+) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(VERSION_1_DDL.format(s=schema))
+    # Without create_tables the adapter does not change the tables itself: it says what to run.
+    with pytest.raises(DurableStreamUnavailableError, match=r"schema version 1.*adapters\.postgres\.schema"):
+        open_backend(create_tables=False)
+    backend = open_backend()
+    assert hooks.identity(backend) == "postgresql:old-store"  # the same store: its cursors stay valid
+    topic = backend.topic("t")
+    topic.append(b"c")
+    with topic.subscribe_from_beginning() as subscription:
+        records = drain(subscription, 3, timeout=20)
+    assert [r.payload for r in records] == [b"a", b"b", b"c"]
+    digests = [backend.admin.cursor_position("t", r.cursor).digest for r in records]
+    assert digests[:2] == ["", ""] and len(digests[2]) == 16
+    with topic.subscribe_from_cursor(records[0].cursor) as resumed:
+        assert [r.payload for r in drain(resumed, 2, timeout=20)] == [b"b", b"c"]
+    with engine.connect() as conn:
+        version = conn.exec_driver_sql(f"""SELECT value FROM "{schema}".meta WHERE key = 'schema_version'""").scalar()
+    assert version == "2"
+    open_backend(create_tables=False)  # upgraded: no DDL needed any more
+
+
 def test_database_errors_surface_only_as_contract_errors(
     open_backend: Callable[..., DurableStreamBackend], schema: str, engine: sqlalchemy.Engine
 ) -> None:
@@ -306,18 +349,20 @@ def test_notify_wakes_a_subscription_of_another_backend_quickly(
     open_backend: Callable[..., DurableStreamBackend],
 ) -> None:
     writer = open_backend()
-    reader = open_backend(poll_interval=30)  # the fallback poll cannot be what delivers
+    poll_interval = 30.0  # the fallback poll cannot be what delivers
+    reader = open_backend(poll_interval=poll_interval)
     name = _name()
     delays = []
     with reader.topic(name).subscribe_from_tail() as subscription:
         for index in range(20):
             started = time.monotonic()
             writer.topic(name).append(str(index).encode())
-            record = drain(subscription, 1, timeout=5)[0]
+            record = drain(subscription, 1, timeout=poll_interval / 2)[0]
             delays.append(time.monotonic() - started)
             assert record.payload == str(index).encode()
-    assert statistics.median(delays) < 0.1, delays
-    assert max(delays) < 1.0, delays
+    # Each woken by its NOTIFY: well before the fallback poll could have found it (the figures of how
+    # quickly are docs/benchmarks.md's, measured on a quiet machine).
+    assert max(delays) < poll_interval / 2, delays
 
 
 @pytest.mark.parametrize("reader_listens", [True, False], ids=["hints-lost", "listen-off"])
@@ -326,19 +371,20 @@ def test_without_notifications_every_record_still_arrives(
 ) -> None:
     writer = open_backend(notify=False)
     reader = open_backend(listen=reader_listens, poll_interval=0.3)
+    reread = hooks.driver(reader).reread_interval
     name = _name()
     delays: list[float] = []
     with reader.topic(name).subscribe_from_tail() as subscription:
         for index in range(8):
             started = time.monotonic()
             writer.topic(name).append(str(index).encode())
-            assert drain(subscription, 1, timeout=5)[0].payload == str(index).encode()
+            assert drain(subscription, 1, timeout=reread / 2)[0].payload == str(index).encode()
             delays.append(time.monotonic() - started)
         writer.topic(name).seal()
-        assert subscription.receive(timeout=5) is CLOSED
-    # Delivered by the fallback poll (every 0.3 s here), not instantly and not by the core's own
-    # much slower safety-net re-read.
-    assert max(delays) < 1.5, delays
+        assert subscription.receive(timeout=reread / 2) is CLOSED
+    # Delivered by the fallback poll (every 0.3 s here), not by the core's own much slower
+    # safety-net re-read.
+    assert max(delays) < reread / 2, delays
 
 
 def test_gevent_blocked_receives_do_not_stop_other_greenlets(schema: str) -> None:
@@ -537,8 +583,8 @@ def test_enforce_retention_works_in_batches_without_stalling_appends(
     print(f"retention of {old} rows took {took:.2f}s; {len(latencies)} appends meanwhile, p99 {p99 * 1000:.1f} ms")
     assert took > 1.0, "the slowed-down deletion should take a while"
     assert len(latencies) > 50
-    assert latencies[-1] < 0.5, latencies[-5:]
-    assert p99 < 0.25, p99
+    # No append waited for the removal as a whole (one transaction would have held them all that long).
+    assert latencies[-1] < took / 2, (latencies[-5:], took)
     info = backend.admin.topic_info(name)
     assert info is not None and info.first_ordinal == old + 1 and info.length == len(appended)
     with engine.connect() as conn:

@@ -69,10 +69,12 @@ def test_connect_to_an_unreachable_server_is_unavailable() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    connect_timeout = 2
     started = time.monotonic()
     with pytest.raises(DurableStreamUnavailableError) as caught:
-        connect(f"postgresql://postgres@127.0.0.1:{port}/test", connect_timeout=2)
-    assert time.monotonic() - started < 5
+        connect(f"postgresql://postgres@127.0.0.1:{port}/test", connect_timeout=connect_timeout)
+    # Refused, or at worst a few connect timeouts: never a wait without end.
+    assert time.monotonic() - started < 10 * connect_timeout
     assert type(caught.value) is DurableStreamUnavailableError
 
 
@@ -80,7 +82,11 @@ def test_terminated_connections_are_replaced_without_skipping(running: PostgresS
     app = f"ds-term-{uuid.uuid4().hex[:8]}"
     name = f"t-{uuid.uuid4().hex}"
     # The reader's fallback poll is pushed far out: after the reconnect, only NOTIFY can be quick.
-    with connect(running.url, application_name=app, poll_interval=30) as reader, connect(running.url) as writer:
+    poll_interval = 30.0
+    with (
+        connect(running.url, application_name=app, poll_interval=poll_interval) as reader,
+        connect(running.url) as writer,
+    ):
         topic = writer.topic(name)
         for index in range(5):
             topic.append(f"r{index}".encode())
@@ -123,7 +129,9 @@ def test_terminated_connections_are_replaced_without_skipping(running: PostgresS
             started = time.monotonic()
             topic.append(f"r{index}".encode())
             wait_until(
-                lambda i=index: len(received) > i or bool(errors), timeout=5, what="a record after the reconnect"
+                lambda i=index: len(received) > i or bool(errors),
+                timeout=poll_interval / 2,
+                what="a record after the reconnect",
             )
             latencies.append(time.monotonic() - started)
         done.wait(10)
@@ -132,7 +140,7 @@ def test_terminated_connections_are_replaced_without_skipping(running: PostgresS
         codec = hooks.cursor_codec(reader, name)
         assert [r.payload for r in received] == [f"r{i}".encode() for i in range(15)]
         assert [codec.decode(r.cursor).position.ordinal for r in received] == list(range(1, 16))
-        assert max(latencies) < 1.0, latencies  # woken by NOTIFY again, not by the 30 s poll
+        assert max(latencies) < poll_interval / 2, latencies  # woken by NOTIFY again, not by the 30 s poll
         info = reader.admin.topic_info(name)  # pooled connections were replaced as well
         assert info is not None and info.last_ordinal == 15
         subscription.close()
@@ -219,6 +227,7 @@ def test_appends_while_connections_are_terminated_fail_cleanly(running: Postgres
 def test_server_down_while_a_subscription_waits_then_recovers(running: PostgresServer, how: str) -> None:
     name = f"t-{uuid.uuid4().hex}"
     with connect(running.url, connect_timeout=2) as backend, connect(running.url, connect_timeout=2) as writer:
+        reread = hooks.driver(backend).reread_interval
         topic = backend.topic(name)
         topic.append(b"before")
         subscription = topic.subscribe_from_beginning()
@@ -248,9 +257,10 @@ def test_server_down_while_a_subscription_waits_then_recovers(running: PostgresS
         else:
             running.kill()
         running.wait_until_down()
-        waiter.join(15)
+        waiter.join(reread)
         assert outcome and type(outcome[0]) is DurableStreamUnavailableError, outcome
-        assert raised_at[0] - stopped_at < 4.0
+        # Told by the broken hint connection or the head check, not left to the last-resort re-read.
+        assert raised_at[0] - stopped_at < reread / 2
         assert subscription.receive(timeout=0) is CLOSED
         assert subscription.receive(timeout=0.1) is CLOSED
 
@@ -275,6 +285,7 @@ def test_server_down_while_a_subscription_waits_then_recovers(running: PostgresS
             assert payloads == [b"before", b"after"]
             started = time.monotonic()
             writer.topic(name).append(b"from another backend")
-            result = again.receive(timeout=10)
+            result = again.receive(timeout=reread)
             assert isinstance(result, DurableStreamRecord) and result.payload == b"from another backend"
-            assert time.monotonic() - started < 3
+            # The hint connection is back: a wake-up, not the last-resort re-read.
+            assert time.monotonic() - started < reread / 2

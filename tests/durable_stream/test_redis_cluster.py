@@ -24,6 +24,12 @@ from tests.durable_stream import hooks
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server and redis-cli are needed")
 
+#: The head check's period of the backends whose tests prove that hints, not the check, delivered:
+#: long, so that "within half of it" holds however busy the machine is.
+HEAD_CHECK = 20.0
+#: How long a ``receive()`` of these tests waits at most: what "at once" is measured against.
+WAIT = 30.0
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RedisClusterProcess]:
@@ -33,7 +39,7 @@ def cluster() -> Iterator[RedisClusterProcess]:
 
 @pytest.fixture
 def backend(cluster: RedisClusterProcess) -> Iterator[DurableStreamBackend]:
-    with connect(cluster.url, key_prefix=f"cl-{uuid.uuid4().hex[:8]}:") as opened:
+    with connect(cluster.url, key_prefix=f"cl-{uuid.uuid4().hex[:8]}:", poll_interval=HEAD_CHECK) as opened:
         yield opened
 
 
@@ -79,8 +85,8 @@ def test_one_feed_connection_per_node_serves_topics_on_every_node(
             producer.topic(name).append(name.encode())
         for index, subscription in enumerate(subscriptions):
             assert [r.payload for r in drain(subscription, 1)] == [names[index // 3].encode()]
-        # Hints, not fallback polls, delivered them.
-        assert time.monotonic() - started < 3.0
+        # Hints, not the head check, delivered them.
+        assert time.monotonic() - started < HEAD_CHECK / 2
     for subscription in subscriptions:
         subscription.close()
 
@@ -111,7 +117,7 @@ def test_a_watched_topic_follows_its_slot_to_another_node(
             started = time.monotonic()
             producer.topic(name).append(b"after the move")
             assert [r.payload for r in drain(subscription, 1)] == [b"after the move"]
-            assert time.monotonic() - started < 0.5
+            assert time.monotonic() - started < HEAD_CHECK / 2
         topic.append(b"and another")
         assert [r.payload for r in drain(subscription, 1)] == [b"and another"]
 
@@ -136,9 +142,10 @@ def test_a_killed_node_fails_its_topics_with_contract_errors_only() -> None:
         wait_until(lambda: waiting_in_receive(subscription, waiter), timeout=10.0, what="receive() to block")
         killed_at = time.monotonic()
         victim.kill()
-        waiter.join(timeout=15)
+        waiter.join(timeout=WAIT / 2)
         assert outcome and isinstance(outcome[0], DurableStreamUnavailableError), outcome
-        assert time.monotonic() - killed_at < 5.0
+        # Told by the broken connection, not by the end of the wait.
+        assert time.monotonic() - killed_at < WAIT / 2
         assert subscription.receive(timeout=0) is CLOSED
         with pytest.raises(DurableStreamError) as raised:
             backend.topic(on_victim[0]).append(b"y")
@@ -147,7 +154,7 @@ def test_a_killed_node_fails_its_topics_with_contract_errors_only() -> None:
 
 def _receive(subscription: object) -> object:
     try:
-        return subscription.receive(timeout=30)  # type: ignore[attr-defined]
+        return subscription.receive(timeout=WAIT)  # type: ignore[attr-defined]
     except BaseException as exc:
         return exc
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from flask import Flask, Response, current_app, request
+from flask import Flask, Response, current_app, g, request
 
 from api.controllers.common.sse import SSE_HEADERS, SseFramer
 from api.core.app.apps.message_generator import StartAt
@@ -24,7 +24,7 @@ from api.libs.resume_token import InvalidResumeTokenError
 from api.models import App, WorkflowRun
 from api.models.engine import db
 from api.services import delivery as event_streams
-from api.services import idempotency
+from api.services import idempotency, limits
 from api.services import workflow_run_service as runs
 from api.services.delivery import current_runtime
 from api.services.run_recovery import run_log_fields
@@ -35,24 +35,37 @@ logger = logging.getLogger(__name__)
 def start_run(app_model: App, body: Any) -> Any:
     """``POST …/workflows/run`` in any response mode; an ``Idempotency-Key`` makes a retry safe."""
     inputs, user, mode = runs.parse_run_request(app_model, body)
+    # A streaming start takes its open-stream slot first: a refused one (429) creates no run.
+    slot = limits.acquire_stream(app_model.id, user) if mode == "streaming" else None
+    try:
+        return _start_run(app_model, body, inputs, user, mode, slot)
+    except BaseException:
+        if slot is not None:
+            limits.release_stream(slot)
+        raise
+
+
+def _start_run(
+    app_model: App, body: Any, inputs: dict[str, Any], user: str, mode: str, slot: limits.StreamSlot | None
+) -> Any:
     key = idempotency.parse_key(request.headers.get(idempotency.HEADER))
     if key is None:
         run = runs.create_run(app_model, inputs, user)
     else:
         run, replayed = idempotency.create_run_once(app_model, inputs, user, key, idempotency.fingerprint(body))
         if replayed:
-            return _replay(app_model, run, mode)
+            return _replay(app_model, run, mode, slot)
     if mode == "async":
         runs.dispatch(run)
         return {"task_id": run.task_id, "workflow_run_id": run.id}, 202
     if mode == "streaming":
         return event_stream_response(
-            app_model, run, StartAt.BEGINNING, headers=event_streams.run_headers(run), new_run=True
+            app_model, run, StartAt.BEGINNING, headers=event_streams.run_headers(run), new_run=True, slot=slot
         )
     return runs.run_blocking(app_model, run)
 
 
-def _replay(app_model: App, run: WorkflowRun, mode: str) -> Any:
+def _replay(app_model: App, run: WorkflowRun, mode: str, slot: limits.StreamSlot | None) -> Any:
     """The answer to a retried start: the run an earlier request with the same key started."""
     replayed = {idempotency.REPLAYED_HEADER: "true"}
     logger.info("run %s: a retried start of the same Idempotency-Key gets the same run", run.id)
@@ -61,7 +74,7 @@ def _replay(app_model: App, run: WorkflowRun, mode: str) -> Any:
     if mode == "streaming":
         db.session.close()
         headers = {**event_streams.run_headers(run), **replayed}
-        return event_stream_response(app_model, run, StartAt.BEGINNING, headers=headers)
+        return event_stream_response(app_model, run, StartAt.BEGINNING, headers=headers, slot=slot)
     return runs.run_blocking(app_model, run, replay=True), 200, replayed
 
 
@@ -135,7 +148,10 @@ def _run_events(app_model: App, run: WorkflowRun, *, recalled: bool) -> Response
     start: StartAt | TopicCursor = cursor if cursor is not None else StartAt.TAIL
     if cursor is None and _flag("include_state_snapshot"):
         start = StartAt.BEGINNING
-    return event_stream_response(app_model, run, start, continue_on_pause=_flag("continue_on_pause"), recalled=recalled)
+    slot = limits.acquire_stream(app_model.id, run.end_user)  # 429 past the app's or the end user's limit
+    return event_stream_response(
+        app_model, run, start, continue_on_pause=_flag("continue_on_pause"), recalled=recalled, slot=slot
+    )
 
 
 def _flag(name: str) -> bool:
@@ -173,6 +189,7 @@ def event_stream_response(
     continue_on_pause: bool = False,
     new_run: bool = False,
     recalled: bool = False,
+    slot: limits.StreamSlot | None = None,
 ) -> Response:
     """An SSE response of the run's events from ``start``, each event's cursor sealed into a token bound
     to the run and user; delivery decides how (``DeliveryRuntime.open_stream``).
@@ -198,6 +215,8 @@ def event_stream_response(
         socket=socket,
         chunked=request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0",
         recalled=recalled,
+        credential=g.get("credential"),
+        slot=slot,
     )
     body = runtime.open_stream(stream)
     db.session.close()

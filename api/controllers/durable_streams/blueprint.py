@@ -26,6 +26,7 @@ from api.services.durable_streams_gateway.creating import CreateRequest
 from api.services.durable_streams_gateway.errors import GatewayError, bad_request, unavailable
 from api.services.durable_streams_gateway.json_mode import media_type
 from api.services.durable_streams_gateway.offsets import OffsetError, parse_offset
+from api.services.durable_streams_gateway.reading import cursor_gone_message
 from api.services.durable_streams_gateway.streams import Stream, StreamRegistry
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,9 @@ def create_blueprint(prefix: str) -> Blueprint:
 
     @bp.after_request
     def security_headers(response: Response) -> Response:
+        if response.status_code in (204, 304):
+            # No body, so no media type: Flask's default (text/html) would misdescribe the answer.
+            response.headers.pop("Content-Type", None)
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Cross-Origin-Resource-Policy"] = "cross-origin"
         response.headers["Access-Control-Allow-Origin"] = "*"
@@ -101,7 +105,7 @@ def _serve(path: str) -> Response:
     except GatewayError as exc:
         response = _text(exc.status, exc.message, exc.headers)
     except CursorUnavailableError as exc:
-        response = _text(410, f"the offset is no longer retained ({exc.reason})")
+        response = _text(410, cursor_gone_message(exc))
     except (DurableStreamError, OperationalError, PoolTimeoutError) as exc:
         logger.warning("durable streams gateway: %s %s: the store is unavailable: %s", method, path, exc)
         failure = unavailable()
@@ -141,7 +145,10 @@ def _dispatch(method: str, path: str) -> Response:
     if method == "DELETE":
         registry.delete(path)
         return Response(status=204)
-    stream = registry.load_run(path, target.run_topic) if target.run_topic else registry.load(path)
+    if target.run_topic:
+        stream = registry.load_run(path, target.run_topic, pending=target.run_pending)
+    else:
+        stream = registry.load(path)
     if method == "HEAD":
         # An access that keeps the metadata young under age retention, but does not slide a TTL.
         registry.touch(stream, slide=False)
@@ -351,23 +358,28 @@ def _read(registry: StreamRegistry, stream: Stream, still_valid: live.Validity) 
         raise bad_request(f"live={live_mode} needs an offset")
     if live_mode not in (None, "", "long-poll", "sse"):
         raise bad_request("live must be long-poll or sse")
-    after = live.resolve_after(stream, offset)
+    after, digest = live.resolve_after(stream, offset)
     registry.touch(stream)
     cursor = request.args.get("cursor")
     max_bytes = config.DURABLE_STREAMS_GATEWAY_MAX_READ_BYTES
     if live_mode == "sse":
-        return _sse(registry, stream, after, cursor, still_valid)
+        return _sse(registry, stream, after, digest, cursor, still_valid)
     if live_mode == "long-poll":
-        result = live.long_poll(
-            registry,
-            stream,
-            after,
-            cursor,
-            config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS,
-            max_bytes,
-            still_valid=still_valid,
-            check_every=config.CREDENTIAL_CHECK_INTERVAL,
-        )
+
+        def long_poll(read: Stream, at: int, at_digest: str) -> live.ReadResult:
+            return live.long_poll(
+                registry,
+                read,
+                at,
+                cursor,
+                config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS,
+                max_bytes,
+                at_digest,
+                still_valid=still_valid,
+                check_every=config.CREDENTIAL_CHECK_INTERVAL,
+            )
+
+        result = live.from_the_beginning(registry, stream, offset, long_poll)
     elif offset_text == "now":
         body = b"[]" if stream.json else b""
         headers = {
@@ -380,7 +392,12 @@ def _read(registry: StreamRegistry, stream: Stream, still_valid: live.Validity) 
             headers["Stream-Closed"] = "true"
         result = live.ReadResult(200, body, headers)
     else:
-        result = live.catch_up(registry, stream, offset_text or "-1", after, max_bytes, _header("If-None-Match"))
+        start, if_none_match = offset_text or "-1", _header("If-None-Match")
+
+        def catch_up(read: Stream, at: int, at_digest: str) -> live.ReadResult:
+            return live.catch_up(registry, read, start, at, max_bytes, if_none_match, at_digest)
+
+        result = live.from_the_beginning(registry, stream, offset, catch_up)
     response = Response(result.body, status=result.status)
     for key, value in result.headers.items():
         response.headers[key] = value
@@ -390,7 +407,12 @@ def _read(registry: StreamRegistry, stream: Stream, still_valid: live.Validity) 
 
 
 def _sse(
-    registry: StreamRegistry, stream: Stream, after: int, cursor: str | None, still_valid: live.Validity
+    registry: StreamRegistry,
+    stream: Stream,
+    after: int,
+    digest: str,
+    cursor: str | None,
+    still_valid: live.Validity,
 ) -> Response:
     config = _config()
     kind = media_type(stream.content_type)
@@ -400,6 +422,7 @@ def _sse(
         stream,
         after,
         cursor,
+        digest=digest,
         binary=binary,
         keepalive=config.DURABLE_STREAMS_GATEWAY_LONG_POLL_SECONDS,
         max_duration=config.DURABLE_STREAMS_GATEWAY_SSE_MAX_SECONDS,

@@ -44,6 +44,7 @@ from ._contract import (
 from ._cursor import CursorPosition
 from ._driver import TopicInfo
 from ._observer import DurableStreamObserver, current_observer, set_observer
+from ._producer import RepairingProducer
 
 __all__ = [
     "CLOSED",
@@ -59,6 +60,7 @@ __all__ = [
     "DurableStreamSubscription",
     "DurableStreamTopic",
     "DurableStreamUnavailableError",
+    "RepairingProducer",
     "TopicCursor",
     "TopicInfo",
     "TopicSealedError",

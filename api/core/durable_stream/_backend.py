@@ -19,6 +19,7 @@ from ._cursor import CursorCodec, CursorPosition, validate_position
 from ._driver import Driver, Position, TopicHead, TopicInfo
 from ._engine import DEFAULT_BUFFER_SIZE, Engine
 from ._observer import APPEND_OK, APPEND_SEALED, APPEND_UNAVAILABLE, DurableStreamObserver
+from ._producer import RepairingProducer
 from ._subscription import START_BEGINNING, START_CURSOR, START_TAIL, Subscription
 
 if TYPE_CHECKING:
@@ -136,20 +137,24 @@ class DurableStreamAdmin:
         """
         return CursorCodec(self._engine.driver.identity, validate_topic_name(name)).position(cursor)
 
-    def cursor_after(self, name: str, epoch: str, ordinal: int) -> TopicCursor:
+    def cursor_after(self, name: str, epoch: str, ordinal: int, digest: str = "") -> TopicCursor:
         """A cursor that resumes strictly after ordinal ``ordinal`` of incarnation ``epoch`` (``0``: the start).
 
         The inverse of :meth:`cursor_position`. The store is not consulted here: a subscription from the
         cursor raises ``CursorUnavailableError`` when the incarnation is not the topic's (``epoch``), the
-        ordinal is no longer retained (``trimmed``) or was never reached.
+        ordinal is no longer retained (``trimmed``) or was never reached. With ``digest`` (a
+        ``CursorPosition.digest``), it also raises when the store's record at that ordinal is not the one
+        the digest names or is missing (``history_diverged``); without it, the history before the
+        position is not checked.
 
         Raises:
-            ValueError: An invalid topic name, an ordinal that is not an integer from 0 to 2**64 - 1, or an
-                epoch that is not a non-empty string of at most 255 UTF-8 bytes (no topic has such a position).
+            ValueError: An invalid topic name, an ordinal that is not an integer from 0 to 2**64 - 1, an
+                epoch that is not a non-empty string of at most 255 UTF-8 bytes, or a digest that is not
+                ``""`` or 16 lowercase hexadecimal characters (no topic has such a position).
         """
         name = validate_topic_name(name)
-        validate_position(epoch, ordinal)
-        return CursorCodec(self._engine.driver.identity, name).encode(epoch, ordinal, "")
+        validate_position(epoch, ordinal, digest)
+        return CursorCodec(self._engine.driver.identity, name).encode(epoch, ordinal, "", digest)
 
 
 class _Producer(DurableStreamProducer):
@@ -200,7 +205,9 @@ class _Topic(DurableStreamTopic):
             with contextlib.suppress(Exception):  # an observer's bug must not change the append's outcome
                 observer.appended(self._engine.name, outcome, time.perf_counter() - started)
 
-    def as_producer(self) -> DurableStreamProducer:
+    def as_producer(self, *, repair_window: int = 0) -> DurableStreamProducer:
+        if repair_window:
+            return RepairingProducer(self._engine, self.name, repair_window)
         return _Producer(self)
 
     def seal(self) -> None:
@@ -214,7 +221,7 @@ class _Topic(DurableStreamTopic):
 
     def subscribe_from_tail(self) -> DurableStreamSubscription:
         head = self._current_head()
-        start = Position(head.last, head.last_native)
+        start = Position(head.last, head.last_native, head.last_digest)
         return Subscription(self._engine, self.name, self._codec, head.epoch, start, kind=START_TAIL)
 
     def subscribe_from_cursor(self, cursor: TopicCursor) -> DurableStreamSubscription:

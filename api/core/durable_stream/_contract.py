@@ -62,11 +62,13 @@ class CursorUnavailableError(DurableStreamError):
     """A requested or current resume position cannot be resolved.
 
     Raised for malformed or truncated cursors, cursors of another topic or of an earlier
-    incarnation of this topic, and positions that retention has removed. The adapter never falls
-    back to the beginning or the tail instead.
+    incarnation of this topic, positions that retention has removed, and positions whose history
+    the store no longer holds. The adapter never falls back to the beginning or the tail instead.
 
     ``reason`` says which, where the library knows: ``trimmed`` (retention removed the position),
-    ``epoch`` (the topic was deleted, expired or re-created), ``foreign`` (another topic's cursor),
+    ``epoch`` (the topic was deleted, expired or re-created), ``history_diverged`` (the record the
+    position follows is missing from the store or is another record: a store failover lost records
+    the reader had received, and the topic went on differently), ``foreign`` (another topic's cursor),
     ``malformed``; else ``unknown``.
     """
 
@@ -184,8 +186,16 @@ class DurableStreamTopic(DurableStreamProducer, Protocol):
     """A named, ordered durable stream with independent subscriptions. Thread-safe."""
 
     @abstractmethod
-    def as_producer(self) -> DurableStreamProducer:
-        """Return a write-only view of this topic."""
+    def as_producer(self, *, repair_window: int = 0) -> DurableStreamProducer:
+        """Return a write-only view of this topic.
+
+        With ``repair_window`` (a number of records), the producer keeps its last records and appends
+        each one only if the topic's head is still its own previous record: after a store failover that
+        lost its last appends it appends them again, in order, before the new one (readers continue
+        exactly), and where the topic cannot be repaired it starts a new incarnation, so that every
+        reader is told instead of reading a history with a hole. Such a producer is meant to be the
+        topic's main writer; see ``RepairingProducer``.
+        """
         ...
 
     @abstractmethod

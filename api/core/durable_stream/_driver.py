@@ -20,10 +20,12 @@ if TYPE_CHECKING:
     from ._cooperative import Wake
 
 __all__ = [
+    "Appended",
     "Batch",
     "ChangeFeed",
     "Driver",
     "Position",
+    "Refused",
     "StoredRecord",
     "TopicHead",
     "TopicInfo",
@@ -41,6 +43,17 @@ class Position(NamedTuple):
 
     ordinal: int
     native: str = ""
+    #: The digest of that record (:mod:`._digest`), ``""`` when unknown: a read compares it with the
+    #: store's chain and reports another history instead of continuing it.
+    digest: str = ""
+
+
+class Appended(NamedTuple):
+    """What ``Driver.append`` stored: the incarnation it went to, the record's ordinal and its digest."""
+
+    epoch: str
+    ordinal: int
+    digest: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,7 +62,9 @@ class TopicHead:
 
     ``first`` is the first retained ordinal (``last + 1`` when nothing is retained) and ``last`` is
     the last ordinal ever assigned (``0`` before the first append). ``epoch`` is random per
-    incarnation of the topic. ``last_native`` is the native position of ``last`` if known.
+    incarnation of the topic. ``last_native`` is the native position of ``last`` if known, and
+    ``last_digest`` the digest of the record at ``last`` (:mod:`._digest`; ``""`` before the first
+    record and when unknown). A trim keeps it: it describes the history, not what is retained.
     """
 
     epoch: str
@@ -57,34 +72,49 @@ class TopicHead:
     last: int
     sealed: bool
     last_native: str = ""
+    last_digest: str = ""
 
 
 class StoredRecord:
-    """One record as a driver read it.
+    """One record as a driver read it: ordinal, native position, payload and digest (``""``: unknown).
 
     ``delivered`` belongs to the subscription engine: a batch that several subscriptions of one
     topic share (the Redis prefetch hands the same batch to all of them) carries the public record
-    built for the first one, so the others reuse its cursor instead of encoding it again. Drivers
-    never set it and must not modify a record after returning it.
+    built for the first one, so the others reuse its cursor instead of encoding it again. So does
+    ``follows``: the predecessor digest this record was proven to follow (one hash per shared record,
+    not one per subscription). Drivers never set either and must not modify a record after returning it.
     """
 
-    __slots__ = ("delivered", "native", "ordinal", "payload")
+    __slots__ = ("delivered", "digest", "follows", "native", "ordinal", "payload")
 
-    def __init__(self, ordinal: int, native: str, payload: bytes) -> None:
+    def __init__(self, ordinal: int, native: str, payload: bytes, digest: str = "") -> None:
         self.ordinal = ordinal
         self.native = native
         self.payload = payload
+        self.digest = digest
         self.delivered: tuple[bytes, str, DurableStreamRecord] | None = None
+        self.follows: str | None = None
 
     def __repr__(self) -> str:
-        return f"StoredRecord(ordinal={self.ordinal!r}, native={self.native!r}, payload={self.payload!r})"
+        return (
+            f"StoredRecord(ordinal={self.ordinal!r}, native={self.native!r}, payload={self.payload!r}, "
+            f"digest={self.digest!r})"
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StoredRecord):
             return NotImplemented
-        return (self.ordinal, self.native, self.payload) == (other.ordinal, other.native, other.payload)
+        mine = (self.ordinal, self.native, self.payload, self.digest)
+        return mine == (other.ordinal, other.native, other.payload, other.digest)
 
     __hash__ = None  # type: ignore[assignment]  # mutable (the cache), so not hashable
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refused:
+    """A conditional append found the topic's head elsewhere (``None``: no such topic); nothing was stored."""
+
+    head: TopicHead | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,7 +135,10 @@ class TopicInfo:
     ``length`` records are retained, ordinals ``first_ordinal`` to ``last_ordinal`` (``first_ordinal``
     is ``last_ordinal + 1`` when none is). ``epoch`` is an opaque string naming this incarnation of the
     topic; a topic deleted and re-created, or lost by its store, has a different one. Compare epochs for
-    equality only.
+    equality only. ``last_digest`` names the history up to ``last_ordinal`` (a digest chained over every
+    record, see ``CursorPosition.digest``; ``""`` before the first record or when unknown): two stores, or
+    one store before and after a failover, with the same epoch, last ordinal and last digest hold the
+    same records. Compare for equality only.
     """
 
     name: str
@@ -114,6 +147,7 @@ class TopicInfo:
     last_ordinal: int
     sealed: bool
     epoch: str
+    last_digest: str = ""
 
 
 class ChangeFeed(Protocol):
@@ -150,9 +184,17 @@ class Driver(Protocol):
     #: (a last resort: change feeds wake subscriptions far sooner). Not the ``poll_interval`` URL
     #: option, which some adapters use for their change feed's own period.
     reread_interval: float
+    #: The digest of a record from its predecessor's digest and its payload, as the store computes it
+    #: in ``append`` (:mod:`._digest`). Every record a driver returns carries its digest and every head
+    #: the last record's, so that positions verify the history before them.
+    chain: Callable[[str, bytes], str]
 
-    def append(self, topic: str, payload: bytes) -> None:
-        """Store one record with ordinal ``last + 1``. Creates the topic if needed.
+    def append(self, topic: str, payload: bytes, expect: Position | None = None) -> Appended | Refused:
+        """Store one record with ordinal ``last + 1`` and its digest ``chain(last digest, payload)``.
+
+        Creates the topic if needed. With ``expect``, only if the topic's last ordinal and last digest
+        are ``expect.ordinal`` and ``expect.digest`` (a missing topic matches ``Position(0)``), checked
+        atomically with the append; otherwise nothing is stored and the head found is returned.
 
         Raises:
             TopicSealedError: The topic is sealed.

@@ -21,6 +21,7 @@ __all__ = [
     "APPEND_OK",
     "APPEND_SEALED",
     "APPEND_UNAVAILABLE",
+    "REASON_DIVERGED",
     "REASON_EPOCH",
     "REASON_FOREIGN",
     "REASON_MALFORMED",
@@ -37,6 +38,9 @@ APPEND_OK, APPEND_SEALED, APPEND_UNAVAILABLE = "ok", "sealed", "unavailable"
 #: ``CursorUnavailableError.reason`` values: retention removed the position; the topic was deleted,
 #: expired or re-created (another epoch); the cursor is another topic's; the cursor is not one of ours.
 REASON_TRIMMED, REASON_EPOCH, REASON_FOREIGN, REASON_MALFORMED = "trimmed", "epoch", "foreign", "malformed"
+#: The store's history at the position is not the one the cursor was handed out with: the record it
+#: follows is missing or different (a store that lost its last appends, a failover to a replica behind).
+REASON_DIVERGED = "history_diverged"
 #: An adapter's own ``CursorUnavailableError`` that says no more.
 REASON_UNKNOWN = "unknown"
 

@@ -30,7 +30,7 @@ from ._cooperative import new_wake
 from ._cursor import CursorCodec
 from ._driver import Batch, Position, StoredRecord
 from ._engine import Engine
-from ._observer import REASON_EPOCH, REASON_TRIMMED
+from ._observer import REASON_DIVERGED, REASON_EPOCH, REASON_TRIMMED
 
 __all__ = ["START_BEGINNING", "START_CURSOR", "START_TAIL", "Subscription"]
 
@@ -86,7 +86,7 @@ class Subscription(DurableStreamSubscription):
         self._epoch = epoch
         # The position as two attributes, not a Position: one object per delivery that lives until
         # the next one would be promoted by the cyclic GC at every subscription.
-        self._ordinal, self._native = start.ordinal, start.native
+        self._ordinal, self._native, self._digest = start.ordinal, start.native, start.digest
         # The records of the last read not yet returned: the batch itself (subscriptions at the
         # same position share one) and the index of the next record, not a copy in a buffer. The
         # batch is () once its last record is taken, so it is truthy exactly while records remain.
@@ -225,7 +225,9 @@ class Subscription(DurableStreamSubscription):
         # Subscriptions of one topic that share a batch share its records' cursors too.
         if shared is not None and shared[0] == codec.digest and shared[1] == self._epoch:
             return shared[2]
-        record = DurableStreamRecord(stored.payload, codec.encode(self._epoch, stored.ordinal, stored.native))
+        record = DurableStreamRecord(
+            stored.payload, codec.encode(self._epoch, stored.ordinal, stored.native, stored.digest)
+        )
         stored.delivered = (codec.digest, self._epoch, record)
         return record
 
@@ -238,7 +240,7 @@ class Subscription(DurableStreamSubscription):
         version = engine.notifier.version(self._topic)
         started = time.monotonic()
         try:
-            after = Position(self._ordinal, self._native)
+            after = Position(self._ordinal, self._native, self._digest)
             batch = engine.driver.read(self._topic, after, engine.buffer_size)
         except DurableStreamError as exc:
             engine.observe_error(exc)
@@ -262,33 +264,75 @@ class Subscription(DurableStreamSubscription):
         return batch.head.last if batch.head is not None else self._ordinal
 
     def _accept(self, batch: Batch) -> bool:
-        """Buffer a validated batch; return whether it reached the topic's last record."""
+        """Buffer a validated batch; return whether it reached the topic's last record.
+
+        The batch must continue the history this subscription has delivered (or was started after):
+        the same incarnation, the next ordinal, and a first record whose digest is the chain of the
+        subscription's own digest and its payload (or, at the head, the head's last digest equal to
+        it). A store that lost records the reader holds, or holds other records at those ordinals,
+        fails that check: ``history_diverged``, never another history passed off as this one.
+        """
         head = batch.head
         position = self._ordinal
+        topic = self._topic
         if head is None or head.epoch != self._epoch:
             raise CursorUnavailableError(
-                f"topic {self._topic!r} was deleted, expired or re-created after this position was fixed",
+                f"topic {topic!r} was deleted, expired or re-created after this position was fixed",
                 reason=REASON_EPOCH,
             )
         expected = position + 1
+        if head.last < position:
+            raise CursorUnavailableError(
+                f"topic {topic!r} ends at record {head.last} but this reader has records up to {position}: "
+                f"the store no longer has records {head.last + 1}..{position} (a failover to a replica behind?)",
+                reason=REASON_DIVERGED,
+            )
         records = batch.records
         if records:
-            if records[0].ordinal != expected:
+            first = records[0]
+            if first.ordinal < expected:
+                # Read after this position's native id, the store returned earlier ordinals: its history
+                # after record first.ordinal - 1 is not the one this reader followed.
                 raise CursorUnavailableError(
-                    f"records {expected}..{records[0].ordinal - 1} of topic {self._topic!r} are no longer retained",
+                    f"topic {topic!r} has other records than this reader from record {first.ordinal} on "
+                    f"(the reader has records up to {position})",
+                    reason=REASON_DIVERGED,
+                )
+            if first.ordinal != expected:
+                raise CursorUnavailableError(
+                    f"records {expected}..{first.ordinal - 1} of topic {topic!r} were removed by retention "
+                    f"before this reader (at record {position}) read them",
                     reason=REASON_TRIMMED,
                 )
+            digest = self._digest
+            if digest and first.digest and first.follows != digest:
+                if self._engine.driver.chain(digest, first.payload) != first.digest:
+                    raise CursorUnavailableError(
+                        f"record {position} of topic {topic!r} is not the one this reader received "
+                        f"(record {expected} does not follow it): the store's history diverged",
+                        reason=REASON_DIVERGED,
+                    )
+                first.follows = digest
             for offset, record in enumerate(records):
                 if record.ordinal != expected + offset:
-                    raise DurableStreamUnavailableError(f"backend returned a non-contiguous batch for {self._topic!r}")
+                    raise DurableStreamUnavailableError(f"backend returned a non-contiguous batch for {topic!r}")
             self._batch, self._next = records, 0
-            self._ordinal, self._native = records[-1].ordinal, records[-1].native
-        elif head.first > expected or head.last < position:
+            last = records[-1]
+            self._ordinal, self._native, self._digest = last.ordinal, last.native, last.digest
+        elif head.first > expected:
             raise CursorUnavailableError(
-                f"position {position} of topic {self._topic!r} is no longer retained", reason=REASON_TRIMMED
+                f"records {expected}..{head.first - 1} of topic {topic!r} were removed by retention "
+                f"before this reader (at record {position}) read them",
+                reason=REASON_TRIMMED,
             )
         elif head.last > position:
-            raise DurableStreamUnavailableError(f"backend returned no records after {position} of {self._topic!r}")
+            raise DurableStreamUnavailableError(f"backend returned no records after {position} of {topic!r}")
+        elif self._digest and head.last_digest and head.last_digest != self._digest:
+            raise CursorUnavailableError(
+                f"record {position}, the last of topic {topic!r}, is not the one this reader received: "
+                "the store's history diverged",
+                reason=REASON_DIVERGED,
+            )
         if head.sealed:
             self._sealed_at = head.last
         return self._ordinal >= head.last

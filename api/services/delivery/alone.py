@@ -22,6 +22,7 @@ from api.configs import AppConfig
 from api.core.app.apps.event_codec import encode_event, event_name
 from api.core.app.apps.event_transport import EventSubscription, StreamMessage, WorkflowEventTransport
 from api.core.app.apps.message_generator import MessageGenerator, StartAt
+from api.core.app.apps.run_history import history_gap
 from api.core.durable_stream import CLOSED, Closed, CursorUnavailableError, DurableStreamError, TopicCursor
 from api.extensions.ext_durable_stream import retention_max_age
 from api.libs import log_context, metrics
@@ -29,11 +30,18 @@ from api.libs.errors import STREAM_FAILED_RUN, STREAM_UNAVAILABLE, GoneError, Se
 from api.models import App, WorkflowRun
 
 from .. import workflow_run_service as runs
+from ..credentials import Credential
 from . import watcher as rows
+from .credential_watch import KEY_REVOKED_MESSAGE, CredentialWatch
 from .reading import PING, IncompleteRunError, Notice, Retry, StreamEvent, StreamItem, read_alone
 from .watcher import run_watcher
 
 logger = logging.getLogger(__name__)
+
+HISTORY_DIVERGED_MESSAGE = (
+    "the stream store no longer holds the run's events up to this point as this client received them "
+    "(a store failover lost some); reload the run (GET /workflows/run/<id>)"
+)
 
 CURSOR_EXPIRED_MESSAGE = (
     "the run's events after this point are no longer retained; reload the run (GET /workflows/run/<id>)"
@@ -54,6 +62,8 @@ EventStream = Generator[StreamItem, None, None]
 
 #: Where the runtime puts its transport getter for the streams (which the runtime's writers import).
 TRANSPORT_KEY = "delivery_transport"
+#: Where the runtime puts its credential watch.
+CREDENTIALS_KEY = "delivery_credentials"
 
 
 def _config() -> AppConfig:
@@ -65,6 +75,12 @@ def current_transport() -> WorkflowEventTransport:
     """The event transport of this process, as its :class:`~.runtime.DeliveryRuntime` hands it out."""
     source: Callable[[], WorkflowEventTransport] = current_app.extensions[TRANSPORT_KEY]
     return source()
+
+
+def credential_watch() -> CredentialWatch:
+    """The credential watch of this process (its :class:`~.runtime.DeliveryRuntime`'s)."""
+    watch: CredentialWatch = current_app.extensions[CREDENTIALS_KEY]
+    return watch
 
 
 def resumable() -> bool:
@@ -81,7 +97,7 @@ def run_headers(run: WorkflowRun) -> dict[str, str]:
     return {"X-Task-Id": run.task_id, "X-Workflow-Run-Id": run.id}
 
 
-def run_streaming(app: App, run: WorkflowRun) -> EventStream:
+def run_streaming(app: App, run: WorkflowRun, credential: Credential | None = None) -> EventStream:
     """Subscribe at the tail, then dispatch, then stream: no event of the run can be missed.
 
     The ids a client needs to reconnect travel in the response headers (:func:`run_headers`), so
@@ -105,7 +121,7 @@ def run_streaming(app: App, run: WorkflowRun) -> EventStream:
     except BaseException:
         subscription.close()
         raise
-    return _closing(_events(RunIds.of(app, run), subscription, continue_on_pause=False), subscription)
+    return _closing(_events(RunIds.of(app, run, credential), subscription, continue_on_pause=False), subscription)
 
 
 def _closing(events: EventStream, subscription: EventSubscription) -> EventStream:
@@ -118,19 +134,27 @@ def _closing(events: EventStream, subscription: EventSubscription) -> EventStrea
 
 
 def reconnect(
-    app: App, run: WorkflowRun, *, cursor: TopicCursor | None, continue_on_pause: bool, snapshot: bool = True
+    app: App,
+    run: WorkflowRun,
+    *,
+    cursor: TopicCursor | None,
+    continue_on_pause: bool,
+    snapshot: bool = True,
+    credential: Credential | None = None,
 ) -> EventStream:
     """Resume strictly after ``cursor``; without one, replay the whole retained run (``snapshot``) or
     follow it from the current tail — for a run that has ended, its ``workflow_finished`` alone.
 
     Raises:
         GoneError: (410) ``resume_cursor_expired``: the cursor is genuine but its position is gone;
+            ``history_diverged``: the store holds another history before the position (a failover);
             ``run_events_lost``: without a cursor, the retained events are not the run's whole
             history (its start was removed, or the topic is another incarnation than the run's).
             Both carry the run row.
         ServiceUnavailableError: (503, ``stream_unavailable``) the stream store cannot be reached.
     """
-    name = runs.topic_name(app, run)
+    if run.run_status.is_terminal and (cursor is not None or snapshot):
+        rows.repair_lost_end(app, run)  # a failover may have lost its end: not a run to wait on
     try:
         if cursor is None and not snapshot and run.run_status.is_terminal:
             return _only(PING, _row_event(run))  # what comes next is its end alone: no store needed
@@ -140,10 +164,10 @@ def reconnect(
         if not transport.resumable:
             cursor = None
         if cursor is None and not snapshot:
-            return _tail(app, run, transport, name, continue_on_pause=continue_on_pause)
-        return _open(app, run, transport, name, cursor, continue_on_pause=continue_on_pause)
+            return _tail(RunIds.of(app, run, credential), run, transport, continue_on_pause=continue_on_pause)
+        return _open(RunIds.of(app, run, credential), run, transport, cursor, continue_on_pause=continue_on_pause)
     except CursorUnavailableError as exc:
-        raise _gone(run, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE) from exc
+        raise _gone(run, *cursor_gone(exc)) from exc
     except IncompleteRunError as exc:
         raise _gone(run, "run_events_lost", EVENTS_LOST_MESSAGE) from exc
     except DurableStreamError as exc:
@@ -152,10 +176,9 @@ def reconnect(
 
 
 def _open(
-    app: App,
+    ids: RunIds,
     run: WorkflowRun,
     transport: WorkflowEventTransport,
-    name: str,
     cursor: TopicCursor | None,
     *,
     continue_on_pause: bool,
@@ -167,6 +190,7 @@ def _open(
         IncompleteRunError: Without a cursor, the retained events are not the run's whole history.
         DurableStreamError: The stream store failed.
     """
+    name = ids.topic
     if run.run_status.is_terminal and cursor is None and transport.resumable:
         info = transport.topic_info(name)
         if info is None or info.length == 0:
@@ -180,8 +204,9 @@ def _open(
         if transport.resumable and cursor is None:
             # Checked after entering, so that the subscription cannot be on a newer incarnation.
             info = transport.topic_info(name)
-            if run.stream_epoch is not None and (info is None or info.epoch != run.stream_epoch):
-                raise IncompleteRunError(f"topic {name!r} is not the incarnation run {run.id} started on")
+            gap = history_gap(run, info)
+            if gap is not None:
+                raise IncompleteRunError(f"run {run.id}, topic {name!r}: {gap}")
             # Peek, so that a run whose start is gone is a 410 rather than a stream ending in an error.
             first = subscription.receive(timeout=0)
             if isinstance(first, StreamMessage) and event_name(first.payload) != "workflow_started":
@@ -191,7 +216,7 @@ def _open(
         raise
     from_start = transport.resumable and cursor is None and first is None
     return _events(
-        RunIds.of(app, run),
+        ids,
         subscription,
         continue_on_pause=continue_on_pause,
         first=first,
@@ -199,11 +224,9 @@ def _open(
     )
 
 
-def _tail(
-    app: App, run: WorkflowRun, transport: WorkflowEventTransport, name: str, *, continue_on_pause: bool
-) -> EventStream:
+def _tail(ids: RunIds, run: WorkflowRun, transport: WorkflowEventTransport, *, continue_on_pause: bool) -> EventStream:
     """What happens next in the run, from the topic's current end (Dify's start without a snapshot)."""
-    subscription = MessageGenerator.retrieve_events(transport, name, StartAt.TAIL)
+    subscription = MessageGenerator.retrieve_events(transport, ids.topic, StartAt.TAIL)
     try:
         subscription.__enter__()
         # The run may have ended between reading its row and subscribing: then its end is behind the tail.
@@ -214,7 +237,7 @@ def _tail(
     if latest is not None and latest.run_status.is_terminal:
         subscription.close()
         return _only(PING, _row_event(latest))
-    return _events(RunIds.of(app, run), subscription, continue_on_pause=continue_on_pause)
+    return _events(ids, subscription, continue_on_pause=continue_on_pause)
 
 
 def _only(*items: StreamItem) -> EventStream:
@@ -224,6 +247,14 @@ def _only(*items: StreamItem) -> EventStream:
 def _row_event(run: WorkflowRun) -> StreamEvent:
     """The ``workflow_finished`` of a terminal run, built from its row (it has no position)."""
     return StreamEvent("workflow_finished", encode_event(rows.final_event(run)), None)
+
+
+def cursor_gone(error: CursorUnavailableError) -> tuple[str, str]:
+    """The 410's code and message for a cursor the store cannot resume: ``history_diverged`` when the
+    store holds another history than the one the client received, else ``resume_cursor_expired``."""
+    if error.reason == "history_diverged":
+        return "history_diverged", HISTORY_DIVERGED_MESSAGE
+    return "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE
 
 
 def _gone(run: WorkflowRun, code: str, message: str) -> GoneError:
@@ -241,10 +272,12 @@ class RunIds(NamedTuple):
     task_id: str
     run_id: str
     topic: str
+    #: What the request proved (an API key, a passport): a stream ends when it is revoked.
+    credential: Credential | None = None
 
     @classmethod
-    def of(cls, app: App, run: WorkflowRun) -> RunIds:
-        return cls(app.id, run.task_id, run.id, runs.topic_name(app, run))
+    def of(cls, app: App, run: WorkflowRun, credential: Credential | None = None) -> RunIds:
+        return cls(app.id, run.task_id, run.id, runs.topic_name(app, run), credential)
 
 
 def follow(ids: RunIds, cursor: TopicCursor | None, *, continue_on_pause: bool) -> EventStream:
@@ -261,9 +294,9 @@ def follow(ids: RunIds, cursor: TopicCursor | None, *, continue_on_pause: bool) 
         return _only(_unavailable_notice(ids.run_id, exc))
     try:
         subscription.__enter__()
-    except CursorUnavailableError:
+    except CursorUnavailableError as exc:
         subscription.close()
-        return _only(_error_notice(ids.run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410))
+        return _only(_error_notice(ids.run_id, *cursor_gone(exc), 410))
     except DurableStreamError as exc:
         subscription.close()
         return _only(_unavailable_notice(ids.run_id, exc))
@@ -290,6 +323,7 @@ def _events(
     # The run's row is checked by the process's watcher, with every other watched run: the stream
     # itself only waits for its events and its pings.
     watch = watcher.watch(run_id, subscription, live_only=not subscription.resumable)
+    revocation = credential_watch().watch(ids.credential, watch.revoke)
     transport = ("durable_stream",) if subscription.resumable else ("broadcast_channel",)
     metrics.STREAMS_OPEN.tally.add(transport)
     fields = log_context.fields_of(
@@ -314,16 +348,19 @@ def _events(
         )
         first = None  # delivered by `events`; this frame must not keep it for the stream's life
         yield from events
-        if watch.drained:  # the process is going away: the client comes back, to another one
+        if watch.revoked:
+            yield _error_notice(run_id, "key_revoked", KEY_REVOKED_MESSAGE, 401)
+        elif watch.drained:  # the process is going away: the client comes back, to another one
             yield Retry(drain_retry_ms(config))
-    except CursorUnavailableError:
-        yield _error_notice(run_id, "resume_cursor_expired", CURSOR_EXPIRED_MESSAGE, 410)
+    except CursorUnavailableError as exc:
+        yield _error_notice(run_id, *cursor_gone(exc), 410)
     except IncompleteRunError:
         yield _error_notice(run_id, "run_events_lost", EVENTS_LOST_MESSAGE, 410)
     except DurableStreamError as exc:
         yield _unavailable_notice(run_id, exc)
     finally:
         metrics.STREAMS_OPEN.tally.add(transport, -1)
+        credential_watch().unwatch(revocation)
         watcher.unwatch(watch)
         subscription.close()
         binding.__exit__(None, None, None)

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Protocol
 from api.core.durable_stream import TopicCursor
 from api.libs import metrics
 
+from ..credentials import Credential
 from .alone import RunIds, follow
 from .framing import Framer, observe_write
 from .reading import FINISHED, PAUSED, EventBatch, StreamEvent, StreamItem, ends_at
@@ -63,12 +64,28 @@ class Writers(Protocol):
 class Follower:
     """One client's response while a writer serves it."""
 
-    __slots__ = ("chunked", "cursor", "joined_at", "socket", "stops_at_pauses", "waiter", "writer")
+    __slots__ = (
+        "chunked",
+        "credential",
+        "cursor",
+        "joined_at",
+        "revocation",
+        "socket",
+        "stops_at_pauses",
+        "waiter",
+        "writer",
+    )
 
-    def __init__(self, socket: Any, *, chunked: bool, continue_on_pause: bool) -> None:
+    def __init__(
+        self, socket: Any, *, chunked: bool, continue_on_pause: bool, credential: Credential | None = None
+    ) -> None:
         from gevent.hub import Waiter
 
         self.socket = socket
+        #: What the request proved: the writer ends the client if it is revoked while joined.
+        self.credential = credential
+        #: Its registration with the process's credential watch while joined.
+        self.revocation: Any = None
         self.chunked = chunked
         self.stops_at_pauses = not continue_on_pause
         self.cursor: TopicCursor | None = None
@@ -166,7 +183,7 @@ def shared_body(
     writes the rest itself and reads on alone from where it is, until it can join again.
     """
     key = (ids.topic, framer.binding)
-    client = Follower(socket, chunked=chunked, continue_on_pause=continue_on_pause)
+    client = Follower(socket, chunked=chunked, continue_on_pause=continue_on_pause, credential=ids.credential)
     items = events
     joined = False
     try:

@@ -56,11 +56,15 @@ from api.libs.resume_token import ResumeTokenCodec, development_key, parse_keys
 from api.models import App, WorkflowRun
 from api.models.engine import db
 
+from .. import limits
 from .. import workflow_run_service as runs
+from ..credentials import Credential
+from ..limits import StreamSlot
 from . import alone
 from . import watcher as watcher_module
 from .admission import Admission
 from .clients import Arrival, shared_body
+from .credential_watch import CredentialWatch
 from .framing import Framer
 from .reading import StreamItem
 from .watcher import RunWatcher
@@ -91,6 +95,10 @@ class StreamRequest:
     chunked: bool = True
     #: ``run`` is a copy of its row that the run's writer keeps (``run_cards``), not a row just read.
     recalled: bool = False
+    #: What the request proved (``g.credential``): the stream ends with ``key_revoked`` when it is revoked.
+    credential: Credential | None = None
+    #: The open-stream slots the edge took for it (``limits.acquire_stream``): given back when it ends.
+    slot: StreamSlot | None = None
 
 
 class DeliveryRuntime:
@@ -98,13 +106,16 @@ class DeliveryRuntime:
         self._config = config
         self._events = events
         #: Seals and opens the resume tokens of this deployment (``RESUME_TOKEN_KEYS``; without them a
-        #: development key derived from ``SECRET_KEY``, see README.md).
+        #: development key derived from ``SECRET_KEY``, see docs/configuration.md).
         self.tokens = ResumeTokenCodec(parse_keys(config.RESUME_TOKEN_KEYS) or [development_key(config.SECRET_KEY)])
         interval = max(0.5, config.WORKFLOW_LEASE_TTL / 3)
         self.watcher = RunWatcher(app, interval=interval, grace=config.WORKFLOW_END_RETRY_DEADLINE + interval)
+        #: Ends the open streams of a revoked API key or passport (``CREDENTIAL_CHECK_INTERVAL``).
+        self.credentials = CredentialWatch(app, interval=config.CREDENTIAL_CHECK_INTERVAL)
         self.writers = SharedWriters(
             app,
             self.watcher,
+            credentials=self.credentials,
             ping_interval=config.SSE_PING_INTERVAL,
             idle_timeout=config.SSE_IDLE_TIMEOUT,
             history=config.SSE_WRITER_HISTORY,
@@ -143,8 +154,17 @@ class DeliveryRuntime:
                 run, the task queue (``queue_unavailable``) is unavailable; a new run then failed.
             NotFoundError: (404) a recalled run is no longer this app's and user's.
         """
+        try:
+            body = self._open(request)
+        except BaseException:
+            if request.slot is not None:
+                limits.release_stream(request.slot)
+            raise
+        return body if request.slot is None else _Releasing(body, request.slot)
+
+    def _open(self, request: StreamRequest) -> Iterator[bytes]:
         app, run = request.app, request.run
-        ids = alone.RunIds.of(app, run)
+        ids = alone.RunIds.of(app, run, request.credential)
         arrival = self._arrive(request, ids)
         if arrival is not None:
             if request.new_run:
@@ -157,7 +177,7 @@ class DeliveryRuntime:
             events = None
         else:
             if request.new_run:
-                events = alone.run_streaming(app, run)
+                events = alone.run_streaming(app, run, request.credential)
             else:
                 if request.recalled:  # the client reads on its own, from the row as it is now
                     run = watcher_module.checked_run(app, run.id, run.end_user)
@@ -169,6 +189,7 @@ class DeliveryRuntime:
                     cursor=cursor,
                     continue_on_pause=request.continue_on_pause,
                     snapshot=request.start is StartAt.BEGINNING,
+                    credential=request.credential,
                 )
                 metrics.ARRIVALS.tally.add(("alone",))
         if request.socket is None:
@@ -222,6 +243,7 @@ def init_app(app: Flask, config: AppConfig) -> DeliveryRuntime:
     # For the modules the runtime's own parts import (the writers import the streams and the watcher).
     app.extensions[watcher_module.EXTENSION_KEY] = built.watcher
     app.extensions[alone.TRANSPORT_KEY] = lambda: built.transport
+    app.extensions[alone.CREDENTIALS_KEY] = built.credentials
     return built
 
 
@@ -241,3 +263,30 @@ def _alone_body(events: Iterator[StreamItem], framer: Framer) -> Iterator[bytes]
         close = getattr(events, "close", None)
         if close is not None:
             close()
+
+
+class _Releasing:
+    """A stream's body that gives its open-stream slots back when the server closes it (once, started or not)."""
+
+    __slots__ = ("_body", "_slot")
+
+    def __init__(self, body: Iterator[bytes], slot: StreamSlot) -> None:
+        self._body = body
+        self._slot: StreamSlot | None = slot
+
+    def __iter__(self) -> _Releasing:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._body)
+
+    def close(self) -> None:
+        slot, self._slot = self._slot, None
+        if slot is None:
+            return
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            limits.release_stream(slot)

@@ -59,6 +59,7 @@ __all__ = [
     "final_event",
     "latest",
     "left_pause",
+    "repair_lost_end",
     "run_watcher",
 ]
 
@@ -73,6 +74,12 @@ def checked_run(app: App, run_or_task_id: str, user: str) -> WorkflowRun:
         NotFoundError: (404) no such run of this app and user.
     """
     return runs.checked(app, runs.get_run_by_task(app, run_or_task_id, user, or_run_id=True))
+
+
+def repair_lost_end(app: App, run: WorkflowRun) -> bool:
+    """Before a reader waits on a finished run: an end (or seal) the stream store lost in a failover is
+    written again (``run_recovery.repair_lost_end``); whether it was. Never raises."""
+    return run_recovery.repair_lost_end(app, run)
 
 
 def final_event(run: WorkflowRun) -> dict[str, Any]:
@@ -121,7 +128,7 @@ def events_lost(run: WorkflowRun, max_age: float | None) -> bool:
 class StreamWatch:
     """One open stream of a run, as the watcher sees it."""
 
-    __slots__ = ("drained", "final", "live_only", "run_id", "subscription")
+    __slots__ = ("drained", "final", "live_only", "revoked", "run_id", "subscription")
 
     def __init__(self, run_id: str, subscription: EventSubscription, live_only: bool) -> None:
         self.run_id = run_id
@@ -130,6 +137,8 @@ class StreamWatch:
         self.final: dict[str, Any] | None = None
         #: Set when the process drains: the stream ends with a ``retry:`` instead of an event.
         self.drained = False
+        #: Set when the credential the stream was opened with is revoked: it ends with an ``error``.
+        self.revoked = False
 
     def final_event(self) -> dict[str, Any] | None:
         """The event the watcher ended the stream with, if it did."""
@@ -142,6 +151,10 @@ class StreamWatch:
     def drain(self) -> None:
         self.drained = True
         self.subscription.close()  # wakes the stream, which then tells its client to come back
+
+    def revoke(self) -> None:
+        self.revoked = True
+        self.subscription.close()  # wakes the stream, which then tells its client why it ends
 
 
 class RunWatcher:
@@ -232,6 +245,7 @@ class RunWatcher:
         for run, app in rows:
             try:
                 run_recovery.check_run(app, run)
+                run_recovery.repair_lost_end(app, run)  # readers wait on it: an end the store lost comes back
             except Exception:  # one run's trouble must not stop the pass
                 logger.warning("could not check run %s while streaming it", run.id, exc_info=True)
                 db.session.rollback()

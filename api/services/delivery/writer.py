@@ -53,9 +53,10 @@ from api.libs import log_context, metrics
 
 from .alone import COALESCE, RunIds, current_transport
 from .clients import ENDED, GONE, Arrival, Delivery, Follower, Framed, Outcome
+from .credential_watch import KEY_REVOKED_MESSAGE, CredentialWatch
 from .endings import EndingLane
 from .framing import Framer, observe_write
-from .reading import FINISHED, QUIET, ReadLoop, StreamEvent, batches
+from .reading import FINISHED, QUIET, Notice, ReadLoop, StreamEvent, batches
 from .run_cards import RunCards
 from .watcher import RunWatcher, StreamWatch, left_pause
 
@@ -149,6 +150,7 @@ class TopicWriter:
             return False
         client.writer, client.cursor, client.joined_at = self, cursor, time.monotonic()
         self.clients[client] = None
+        client.revocation = self._registry.credentials.watch(client.credential, lambda: self.revoke(client))
         metrics.STREAMS_OPEN.tally.add(_TRANSPORT)
         if missed:
             self._send_events(client, Delivery(missed, pause_ends=self.pause_ends, wire=self._framer.wire))
@@ -157,8 +159,21 @@ class TopicWriter:
     def leave(self, client: Follower) -> None:
         """Forget ``client`` without waking it (its greenlet is going away)."""
         if self.clients.pop(client, False) is None:
-            client.writer = None
-            metrics.STREAMS_OPEN.tally.add(_TRANSPORT, -1)
+            self._forget(client)
+
+    def revoke(self, client: Follower) -> None:
+        """The credential ``client`` was opened with is revoked: its stream ends with an ``error`` event."""
+        if client not in self.clients:
+            return
+        body = {"code": "key_revoked", "message": KEY_REVOKED_MESSAGE, "status": 401}
+        notice = self._framer.item(Notice("error", encode_event(body)))
+        self._push(client, self._framer.wire(notice, client.chunked), client.cursor, ends=True, at_once=True)
+
+    def _forget(self, client: Follower) -> None:
+        client.writer = None
+        self._registry.credentials.unwatch(client.revocation)
+        client.revocation = None
+        metrics.STREAMS_OPEN.tally.add(_TRANSPORT, -1)
 
     # The writer's own greenlet.
 
@@ -297,8 +312,7 @@ class TopicWriter:
     def _release(self, client: Follower, outcome: Outcome, *, at_once: bool = False) -> None:
         if self.clients.pop(client, False) is not None:
             return  # not one of ours any more
-        client.writer = None
-        metrics.STREAMS_OPEN.tally.add(_TRANSPORT, -1)
+        self._forget(client)
         if outcome.kind == "resume" or outcome.rest or at_once:  # it has events to write, or must end now
             from gevent import get_hub
 
@@ -340,9 +354,12 @@ class SharedWriters:
         ping_interval: float,
         idle_timeout: float,
         history: int = 1024,
+        credentials: CredentialWatch | None = None,
     ) -> None:
         self._app = app
         self.watcher = watcher
+        #: Ends a joined client whose credential is revoked.
+        self.credentials = credentials or CredentialWatch(app, interval=1.0)
         self.ping_interval, self.idle_timeout = ping_interval, idle_timeout
         #: Events a writer keeps after delivering them, for the clients that arrive or join behind it.
         self.history = max(history, 1)

@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from api.core.app.apps.topics import workflow_run_topic
 from api.libs.errors import UnauthorizedError
-from api.models import App, WorkflowRun
+from api.models import App, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 from api.services import app_service
 from api.services.credentials import Credential
@@ -40,6 +40,10 @@ class Target:
     run_topic: str | None = None
     #: The API key the request proved, if any: live readers re-check it while they wait.
     credential: Credential | None = None
+    #: The run is accepted and has not started its stream yet (no epoch recorded, not ended): its
+    #: topic is created empty when missing, so that a reader that comes at once waits for its events
+    #: instead of being told (404) that there are none.
+    run_pending: bool = False
 
 
 def authorize(path: str, authorization: str | None, *, write: bool, anonymous: bool) -> Target:
@@ -52,7 +56,8 @@ def authorize(path: str, authorization: str | None, *, write: bool, anonymous: b
             raise GatewayError(401, "reading a workflow run needs its app's API key")
         if write:
             raise GatewayError(403, "workflow runs are read-only through the gateway")
-        return Target(path, _run_topic(app, path[len(RUNS_PREFIX) :]), credential)
+        topic, pending = _run_topic(app, path[len(RUNS_PREFIX) :])
+        return Target(path, topic, credential, pending)
     if path.startswith(APPS_PREFIX):
         owner = path[len(APPS_PREFIX) :].split("/", 1)[0]
         if app is None:
@@ -96,10 +101,13 @@ def _caller(authorization: str | None) -> App | None:
         ) from exc
 
 
-def _run_topic(app: App, run_id: str) -> str:
+def _run_topic(app: App, run_id: str) -> tuple[str, bool]:
+    """The run's topic, and whether the run is accepted but has not started its stream (see ``Target``)."""
     if not could_be_our_id(run_id):
         raise not_found("no such run")
-    row = db.session.execute(select(WorkflowRun.app_id).where(WorkflowRun.id == run_id)).scalar_one_or_none()
-    if row is None or row != app.id:
+    query = select(WorkflowRun.app_id, WorkflowRun.status, WorkflowRun.stream_epoch).where(WorkflowRun.id == run_id)
+    row = db.session.execute(query).one_or_none()
+    if row is None or row[0] != app.id:
         raise not_found("no such run")
-    return workflow_run_topic(app.mode, run_id)
+    pending = row[2] is None and not WorkflowRunStatus(row[1]).is_terminal
+    return workflow_run_topic(app.mode, run_id), pending

@@ -15,14 +15,15 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from api.core.app.apps.event_codec import unstamped
 
-from .errors import GatewayError, gone, unavailable
+from .errors import GatewayError, bad_request, gone, unavailable
 from .json_mode import join_fragments
 from .offsets import BEGINNING, NOW, Offset, epoch_tag
-from .reading import Record, RecordStream
+from .reading import Record, RecordStream, TopicReader
 from .streams import Stream, StreamRegistry
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "ReadResult",
     "Validity",
     "catch_up",
+    "from_the_beginning",
     "key_revoked",
     "long_poll",
     "resolve_after",
@@ -46,6 +48,8 @@ KEY_REVOKED = "key_revoked"
 _CURSOR_EPOCH = 1728432000.0  # 2024-10-09T00:00:00Z
 _CURSOR_INTERVAL = 20
 _READ_TIMEOUT = 10.0
+#: A read from the beginning starts again this many times at most when its first record goes meanwhile.
+_BEGINNING_ATTEMPTS = 3
 _LINE_BREAKS = re.compile(r"\r\n|\r|\n")
 
 
@@ -56,24 +60,40 @@ class ReadResult:
     headers: dict[str, str]
 
 
-def resolve_after(stream: Stream, offset: Offset) -> int:
-    """The ordinal after which a read starts; 410 for an offset of another incarnation or behind retention."""
+def resolve_after(stream: Stream, offset: Offset) -> tuple[int, str]:
+    """The ordinal after which a read starts, and the digest of the record there when the offset names it.
+
+    Raises:
+        GatewayError: 410 for an offset of another incarnation, behind retention, or naming a record the
+            stream no longer holds (``history_diverged``: the store lost it, a failover); 400 for an
+            offset without a digest past the stream's tail (no record has been there).
+    """
     info = stream.info
     if offset is BEGINNING:
-        return info.first_ordinal - 1
+        return info.first_ordinal - 1, ""
     if offset is NOW:
-        return info.last_ordinal
+        return info.last_ordinal, info.last_digest
+    digest = ""
     if offset.tag == 0:
         after = 0
     elif offset.tag == epoch_tag(info.epoch):
-        after = min(offset.ordinal, info.last_ordinal)
+        after, digest = offset.ordinal, offset.digest
+        if after > info.last_ordinal:
+            if digest:
+                raise gone(
+                    f"the stream ends at {info.last_ordinal} but this offset follows record {after}: the store no "
+                    "longer holds records it delivered (history_diverged)"
+                )
+            raise bad_request("the offset is past the stream's tail")
+        if after == info.last_ordinal and digest and info.last_digest and digest != info.last_digest:
+            raise gone(f"record {after} of the stream is not the one this offset follows (history_diverged)")
     elif any(offset.tag == tag and offset.ordinal <= last for tag, last in stream.meta.inherited_tags):
-        after = offset.ordinal
+        after = offset.ordinal  # a fork's copy of its source: the source's digests are not the fork's
     else:
         raise gone("the offset belongs to another incarnation of this stream")
     if after < info.first_ordinal - 1:
         raise gone("the offset is behind what the stream retains")
-    return after
+    return after, digest
 
 
 def response_cursor(client_cursor: str | None) -> str:
@@ -104,16 +124,24 @@ def etag(stream: Stream, start: str, end: str, closed: bool) -> str:
 
 
 def catch_up(
-    registry: StreamRegistry, stream: Stream, start: str, after: int, max_bytes: int, if_none_match: str | None
+    registry: StreamRegistry,
+    stream: Stream,
+    start: str,
+    after: int,
+    max_bytes: int,
+    if_none_match: str | None,
+    digest: str = "",
 ) -> ReadResult:
-    records = stream.reader(registry.backend).read(after, stream.tail, max_bytes, _READ_TIMEOUT)
+    reader = stream.reader(registry.backend)
+    records = reader.read(after, stream.tail, max_bytes, _READ_TIMEOUT, digest)
     if not records and after < stream.tail:
         # The records exist but the store delivered none in time: an empty 200 would send the client
         # back for the same offset at once, a 503 tells it to wait.
         raise unavailable("the stream's records could not be read in time; try again shortly")
     last = records[-1].ordinal if records else after
+    next_offset = stream.offset(last, reader.digest_of(records[-1]) if records else digest)
     up_to_date = last >= stream.tail
-    headers = {"Content-Type": stream.content_type, "Stream-Next-Offset": stream.offset(last)}
+    headers = {"Content-Type": stream.content_type, "Stream-Next-Offset": next_offset}
     if up_to_date:
         headers["Stream-Up-To-Date"] = "true"
     closed = stream.closed and up_to_date
@@ -142,6 +170,7 @@ def long_poll(
     cursor: str | None,
     timeout: float,
     max_bytes: int,
+    digest: str = "",
     *,
     still_valid: Validity = None,
     check_every: float = 1.0,
@@ -152,16 +181,17 @@ def long_poll(
         GatewayError: (401 ``key_revoked``) ``still_valid`` said no while it waited.
     """
     if after < stream.tail:
-        result = catch_up(registry, stream, "", after, max_bytes, None)
+        result = catch_up(registry, stream, "", after, max_bytes, None, digest)
         result.headers.pop("ETag", None)
         result.headers["Stream-Cursor"] = response_cursor(cursor)
         return result
-    headers = {"Stream-Next-Offset": stream.offset(after), "Stream-Up-To-Date": "true"}
+    headers = {"Stream-Next-Offset": stream.offset(after, digest), "Stream-Up-To-Date": "true"}
     if stream.closed:
         headers["Stream-Closed"] = "true"
         return ReadResult(204, b"", headers)
     records: list[Record] = []
-    with stream.reader(registry.backend).open(after) as received:
+    reader = stream.reader(registry.backend)
+    with reader.open(after, digest) as received:
         deadline = time.monotonic() + timeout
         first = None
         while first is None and (remaining := deadline - time.monotonic()) > 0:
@@ -182,7 +212,7 @@ def long_poll(
     last = records[-1].ordinal
     headers = {
         "Content-Type": stream.content_type,
-        "Stream-Next-Offset": stream.offset(last),
+        "Stream-Next-Offset": stream.offset(last, reader.digest_of(records[-1])),
         "Stream-Cursor": headers["Stream-Cursor"],
     }
     if last >= current.tail:
@@ -226,6 +256,7 @@ def sse_events(
     binary: bool,
     keepalive: float,
     max_duration: float,
+    digest: str = "",
     still_valid: Validity = None,
     check_every: float = 1.0,
 ) -> Iterator[bytes]:
@@ -236,15 +267,60 @@ def sse_events(
     says no (asked at least every ``check_every`` seconds). Whether a live record is the newest is
     learnt from the subscription (is another one ready?), not from the store: the stream's info is asked
     for only after a quiet ``keepalive`` and to confirm the end of a sealed topic.
+
+    The subscription is entered here, before the first event: an offset the store cannot resume from
+    (behind retention, another history) is a 410 answer, not a stream that ends without a word.
+
+    Raises:
+        GatewayError: 410 when the store cannot resume after ``after`` (and the record ``digest`` names).
     """
+    reader = stream.reader(registry.backend)
+    opened = reader.open(after, digest)
+    records = opened.__enter__()
+    try:
+        return _sse_loop(
+            registry,
+            stream,
+            reader,
+            records,
+            opened,
+            (after, digest, cursor),
+            binary=binary,
+            keepalive=keepalive,
+            max_duration=max_duration,
+            still_valid=still_valid,
+            check_every=check_every,
+        )
+    except BaseException:
+        opened.__exit__(None, None, None)
+        raise
+
+
+def _sse_loop(
+    registry: StreamRegistry,
+    stream: Stream,
+    reader: TopicReader,
+    records: RecordStream,
+    opened: AbstractContextManager[RecordStream],
+    start: tuple[int, str, str | None],
+    *,
+    binary: bool,
+    keepalive: float,
+    max_duration: float,
+    still_valid: Validity,
+    check_every: float,
+) -> Iterator[bytes]:
+    """:func:`sse_events` once its subscription is entered (``opened``, left here); ``start``: the
+    ordinal and digest after which it reads, and the client's ``cursor``."""
+    position, position_digest, cursor = start
     deadline = time.monotonic() + max_duration
     next_check = time.monotonic() + check_every
-    position = after
     tail = stream.tail
     closed = stream.closed
-    with stream.reader(registry.backend).open(after) as records:
+    try:
         if position >= tail:
-            yield _control(stream.offset(position), cursor=response_cursor(cursor), up_to_date=True, closed=closed)
+            offset = stream.offset(position, position_digest)
+            yield _control(offset, cursor=response_cursor(cursor), up_to_date=True, closed=closed)
             if closed:
                 return
         ready: Record | None = None
@@ -266,16 +342,15 @@ def sse_events(
                     current = registry.refresh(stream)
                     tail, closed = current.tail, current.closed
                     if position >= tail:
-                        yield _control(
-                            stream.offset(position), cursor=response_cursor(cursor), up_to_date=True, closed=closed
-                        )
+                        offset = stream.offset(position, position_digest)
+                        yield _control(offset, cursor=response_cursor(cursor), up_to_date=True, closed=closed)
                         if closed:
                             return
                     if received is not None:  # nothing more comes from an ended subscription: reconnect
                         return
                     continue
                 record = received
-            position = record.ordinal
+            position, position_digest = record.ordinal, reader.digest_of(record)
             if position >= tail:
                 following = records.poll(0)
                 if isinstance(following, Record):
@@ -289,10 +364,15 @@ def sse_events(
             at_tail = position >= tail
             # One write for the pair: a client that stops reading after the data event still has its control.
             yield sse_data(stream, record, binary) + _control(
-                stream.offset(position), cursor=response_cursor(cursor), up_to_date=at_tail, closed=closed and at_tail
+                stream.offset(position, position_digest),
+                cursor=response_cursor(cursor),
+                up_to_date=at_tail,
+                closed=closed and at_tail,
             )
             if closed and at_tail:
                 return
+    finally:
+        opened.__exit__(None, None, None)  # entered by sse_events
 
 
 def _revoked_event() -> bytes:
@@ -321,3 +401,28 @@ def _poll(records: RecordStream, wait: float, still_valid: Validity, check_every
             return _REVOKED
         if time.monotonic() >= deadline:
             return None
+
+
+def from_the_beginning(
+    registry: StreamRegistry, stream: Stream, offset: Offset, read: Callable[[Stream, int, str], ReadResult]
+) -> ReadResult:
+    """``read(stream, after, digest)`` from where ``offset`` starts; a read from the beginning whose first record
+    retention removed meanwhile starts again at the new first record.
+
+    Retention keeps its own time (on NATS the server's clock, elsewhere a sweep in any process), so the
+    first record of a stream read with ``offset=-1`` may go between the stream's info and the read: the
+    client asked for whatever comes first, not for an offset behind retention, and gets no 410 for it.
+
+    Raises:
+        GatewayError: what ``read`` raises; a 410 for a read from the beginning only when its first
+            record went ``_BEGINNING_ATTEMPTS`` times in a row; 404 when the stream itself went.
+    """
+    attempt = 1
+    while True:
+        try:
+            return read(stream, *resolve_after(stream, offset))
+        except GatewayError as exc:
+            if offset is not BEGINNING or exc.status != 410 or attempt >= _BEGINNING_ATTEMPTS:
+                raise
+        attempt += 1
+        stream = registry.refresh(stream)

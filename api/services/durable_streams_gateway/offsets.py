@@ -1,11 +1,16 @@
-"""Protocol offsets: ``<ordinal>_<incarnation>``, both 16 decimal digits.
+"""Protocol offsets: ``<ordinal>_<incarnation>_<digest>``: 16 decimal digits, 16 more, 16 hexadecimal.
 
 The Durable Streams protocol compares offsets as strings (a later record's offset is greater), so the
-ordinal comes first, zero-padded. The second half names the topic's incarnation (a digest of its
+ordinal comes first, zero-padded. The second part names the topic's incarnation (a digest of its
 ``TopicInfo.epoch``): an offset from a deleted and re-created stream is recognised and refused rather
-than resolved against other data. Within one stream that half never changes, so it does not disturb
-the ordering. ``0000000000000000_0000000000000000`` is the protocol's "before everything" (forks send
-it), valid in every incarnation.
+than resolved against other data. The third part names the record the offset follows by the library's
+digest of the history up to it (``CursorPosition.digest``): a store that no longer holds that record
+(a failover to a replica that had not received it, then other records at its place) refuses the offset
+with 410 instead of passing the new records off as the continuation. Within one stream the parts after
+the ordinal never disturb the ordering: offsets of different records differ in their fixed-width first
+part. ``0000000000000000_0000000000000000`` is the protocol's "before everything" (forks send it), valid
+in every incarnation; offsets of the previous release (without the digest) are still accepted, and
+resume by ordinal alone.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ __all__ = ["BEGINNING", "NOW", "Offset", "OffsetError", "epoch_tag", "format_off
 
 _DIGITS = 16
 _TAG_SPACE = 10**_DIGITS - 1
-_PATTERN = re.compile(r"(\d{16})_(\d{16})")
+_PATTERN = re.compile(r"(\d{16})_(\d{16})(?:_([0-9a-f]{16}))?")
 ZERO = "0" * _DIGITS + "_" + "0" * _DIGITS
 
 
@@ -29,10 +34,11 @@ class OffsetError(ValueError):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Offset:
-    """A parsed offset: ``tag`` 0 means "before everything" in any incarnation."""
+    """A parsed offset: ``tag`` 0 means "before everything" in any incarnation; ``digest`` ``""``: not said."""
 
     ordinal: int
     tag: int
+    digest: str = ""
 
 
 #: ``offset=-1`` (and the all-zero offset): from the first record.
@@ -53,8 +59,10 @@ def epoch_tag(epoch: str) -> int:
     return tag
 
 
-def format_offset(ordinal: int, epoch: str) -> str:
-    return f"{ordinal:0{_DIGITS}d}_{epoch_tag(epoch):0{_DIGITS}d}"
+def format_offset(ordinal: int, epoch: str, digest: str = "") -> str:
+    """The offset after record ``ordinal`` of incarnation ``epoch``, naming it by ``digest`` when known."""
+    text = f"{ordinal:0{_DIGITS}d}_{epoch_tag(epoch):0{_DIGITS}d}"
+    return f"{text}_{digest}" if digest and ordinal else text
 
 
 def parse_offset(text: str) -> Offset:
@@ -66,7 +74,7 @@ def parse_offset(text: str) -> Offset:
     match = _PATTERN.fullmatch(text)
     if match is None:
         raise OffsetError("malformed offset")
-    ordinal, tag = int(match.group(1)), int(match.group(2))
-    if tag == 0 and ordinal != 0:
-        raise OffsetError("malformed offset")
-    return Offset(ordinal, tag)
+    ordinal, tag, digest = int(match.group(1)), int(match.group(2)), match.group(3) or ""
+    if (tag == 0 and ordinal != 0) or (ordinal == 0 and digest):
+        raise OffsetError("malformed offset")  # no record, no digest: the gateway never writes these
+    return Offset(ordinal, tag, digest)

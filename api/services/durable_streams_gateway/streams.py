@@ -63,8 +63,11 @@ class Stream:
     def tail(self) -> int:
         return self.info.last_ordinal
 
-    def offset(self, ordinal: int) -> str:
-        return format_offset(ordinal, self.info.epoch)
+    def offset(self, ordinal: int, digest: str = "") -> str:
+        """The offset after record ``ordinal``, which ``digest`` (the history up to it) names when known."""
+        if not digest and ordinal == self.info.last_ordinal:
+            digest = self.info.last_digest
+        return format_offset(ordinal, self.info.epoch, digest)
 
     @property
     def tail_offset(self) -> str:
@@ -123,10 +126,14 @@ class StreamRegistry:
             raise not_found()
         return Stream(path, data_topic(path), meta, info)
 
-    def load_run(self, path: str, topic: str) -> Stream:
+    def load_run(self, path: str, topic: str, *, pending: bool = False) -> Stream:
+        """A run's topic as a read-only stream; ``pending``: the run has not started its stream yet, so a
+        missing topic is created (empty) for its events to come, rather than answered 404."""
         info = self.backend.admin.topic_info(topic)
+        if info is None and pending:
+            info = self.backend.admin.create_topic(topic)
         if info is None:
-            raise not_found("the run has no events (yet, or any more)")
+            raise not_found("the run has no events (any more)")
         meta = StreamMeta(content_type="application/json", data_epoch=info.epoch, created=0.0, touched=0.0)
         return Stream(path, topic, meta, info, run=True)
 

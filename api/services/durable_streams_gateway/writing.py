@@ -126,7 +126,7 @@ def _append_locked(registry: StreamRegistry, stream: Stream, request: AppendRequ
         topic.seal()
     info = registry.backend.admin.topic_info(stream.topic)
     last = info.last_ordinal if info is not None else stream.tail + 1
-    headers = {"Stream-Next-Offset": stream.offset(last)}
+    headers = {"Stream-Next-Offset": stream.offset(last, info.last_digest if info is not None else "")}
     if request.close:
         headers["Stream-Closed"] = "true"
     if not request.tracked:

@@ -64,11 +64,15 @@ class EventSubscription(Protocol):
 
 
 class EventTopic(Protocol):
-    """What a producer of run events needs: append, a producer view and seal (a no-op when live-only)."""
+    """What a producer of run events needs: append, a producer view and seal (a no-op when live-only).
+
+    ``as_producer(repair_window=n)``: a producer that puts the topic right after a store failover
+    (``RepairingProducer``); live-only topics have nothing to repair.
+    """
 
     def append(self, payload: bytes) -> None: ...
 
-    def as_producer(self) -> DurableStreamProducer: ...
+    def as_producer(self, *, repair_window: int = 0) -> DurableStreamProducer: ...
 
     def seal(self) -> None: ...
 
@@ -161,7 +165,7 @@ class _BroadcastTopic:
         except Exception as exc:
             raise DurableStreamUnavailableError(f"broadcast publish failed: {exc}") from exc
 
-    def as_producer(self) -> DurableStreamProducer:
+    def as_producer(self, *, repair_window: int = 0) -> DurableStreamProducer:
         return self
 
     def seal(self) -> None:

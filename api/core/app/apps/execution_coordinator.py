@@ -27,7 +27,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from api.core.durable_stream import DurableStreamProducer, TopicSealedError
+from api.core.durable_stream import (
+    DurableStreamError,
+    DurableStreamProducer,
+    RepairingProducer,
+    TopicInfo,
+    TopicSealedError,
+)
 from api.core.workflow.engine import finished_event
 from api.core.workflow.events import make_event
 from api.libs import metrics
@@ -71,15 +77,18 @@ class AppExecutionCoordinator:
         stop_requested: Callable[[], bool],
         on_abort: Callable[[str], None] = lambda reason: None,
         before_end: Callable[[dict[str, Any]], bool] = lambda event: True,
-        on_stream_ended: Callable[[], None] = lambda: None,
+        on_stream_ended: Callable[[TopicInfo | None], None] = lambda info: None,
         on_pause_lost: Callable[[str], None] = lambda error: None,
         started_sent: bool = False,
         stop_check_interval: float = 1.0,
         end_deadline: float = 30.0,
+        repair_window: int = 0,
     ) -> None:
         self._transport = transport
         self._topic_name = topic_name
-        self._producer: DurableStreamProducer = transport.topic(topic_name).as_producer()
+        # With a repair window, events a store failover lost are appended again before the next one.
+        topic = transport.topic(topic_name)
+        self._producer: DurableStreamProducer = topic.as_producer(repair_window=repair_window)
         self.run = run
         self._max_execution_time = max_execution_time
         self._stop_requested = stop_requested
@@ -102,6 +111,13 @@ class AppExecutionCoordinator:
     @property
     def state(self) -> AppExecutionState:
         return self._state
+
+    @property
+    def stream_progress(self) -> tuple[int, str] | None:
+        """The (ordinal, digest) of the last event this attempt's producer appended, when it tracks them."""
+        producer = self._producer
+        position = producer.position if isinstance(producer, RepairingProducer) else None
+        return None if position is None else (position.ordinal, position.digest)
 
     def start(self) -> None:
         if self._max_execution_time > 0:
@@ -240,7 +256,9 @@ class AppExecutionCoordinator:
             nonlocal tries
             tries += 1
             # After a failure the append may have been stored: write_end looks before writing again.
-            write_end(self._transport, self._topic_name, finished, started, first_try=tries == 1)
+            write_end(
+                self._transport, self._topic_name, finished, started, first_try=tries == 1, producer=self._producer
+            )
 
         try:
             retry_until(deadline, write, what=f"write the end of run {run_id}")
@@ -252,8 +270,14 @@ class AppExecutionCoordinator:
             self._set_state(AppExecutionState.TERMINAL)
             return
         self._set_state(AppExecutionState.TERMINAL)
+        info: TopicInfo | None = None
         try:
-            self._on_stream_ended()
+            # What the store holds at the end (sealed): the row keeps it, to prove the stream whole later.
+            info = self._transport.topic_info(self._topic_name)
+        except DurableStreamError:  # ended all the same; only the proof of its length is not recorded
+            logger.warning("run %s: could not read its stream's final position", run_id)
+        try:
+            self._on_stream_ended(info)
         except Exception:  # the repair finds the topic sealed and records it then
             logger.exception("could not record that run %s's stream ended", run_id)
 

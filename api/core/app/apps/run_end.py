@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from api.core.durable_stream import TopicSealedError
+from api.core.durable_stream import DurableStreamProducer, RepairingProducer, TopicSealedError
 
 from .event_codec import encode_event, event_name, stamped
 from .event_transport import WorkflowEventTransport
@@ -71,6 +71,7 @@ def write_end(
     started: dict[str, Any] | None = None,
     *,
     first_try: bool = False,
+    producer: DurableStreamProducer | None = None,
 ) -> None:
     """Make topic ``name`` end with ``finished`` and seal it. Idempotent; safe to repeat after a failure.
 
@@ -81,7 +82,9 @@ def write_end(
     ``first_try`` is for the run's own attempt writing its end for the first time, without
     ``started``: nothing of the end can be on the topic yet, so it is appended and the topic sealed
     without reading first (the common case: one append, one seal). A topic sealed by someone else
-    then raises ``TopicSealedError``, since the run was not the attempt's to end.
+    then raises ``TopicSealedError``, since the run was not the attempt's to end. With the attempt's
+    ``producer`` (a ``RepairingProducer``), the first try appends and seals through it: it first puts
+    back events a store failover lost, so that the end follows the whole run.
 
     Raises:
         DurableStreamError: The stream store failed; nothing is known to be written.
@@ -89,8 +92,11 @@ def write_end(
     """
     topic = transport.topic(name)
     if first_try and started is None:
-        topic.append(stamped(encode_event(finished)))
-        topic.seal()
+        (producer or topic).append(stamped(encode_event(finished)))
+        if isinstance(producer, RepairingProducer):
+            producer.seal()
+        else:
+            topic.seal()
         return
     info = transport.topic_info(name)
     if info is not None and info.sealed:

@@ -27,6 +27,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Update, or_, select, update
 
+from api.core.durable_stream import TopicInfo
 from api.libs import metrics
 from api.models import WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
@@ -108,12 +109,12 @@ def record_stream_epoch(run_id: str, epoch: str) -> None:
     )
 
 
-def renew_lease(run_id: str, ttl: float) -> bool:
-    statement = (
-        update(WorkflowRun)
-        .where(WorkflowRun.id == run_id, WorkflowRun.status == RUNNING)
-        .values(lease_expires_at=time.time() + ttl)
-    )
+def renew_lease(run_id: str, ttl: float, progress: tuple[int, str] | None = None) -> bool:
+    """Extend the lease; ``progress``: the (ordinal, digest) of the last event the worker appended."""
+    values: dict[str, Any] = {"lease_expires_at": time.time() + ttl}
+    if progress is not None:
+        values.update(stream_progress_ordinal=progress[0], stream_progress_digest=progress[1] or None)
+    statement = update(WorkflowRun).where(WorkflowRun.id == run_id, WorkflowRun.status == RUNNING).values(**values)
     return _execute(statement) == 1
 
 
@@ -263,8 +264,26 @@ def claim_end_repair(run_id: str, hold: float) -> bool:
     return _execute(statement) == 1
 
 
-def mark_stream_ended(run_id: str) -> None:
-    _execute(update(WorkflowRun).where(WorkflowRun.id == run_id).values(stream_ended=True, stream_repair_after=None))
+def mark_stream_ended(run_id: str, final: TopicInfo | None = None) -> None:
+    """The topic ends with the run's end and is sealed; ``final`` is what the store said of it then."""
+    values: dict[str, Any] = {"stream_ended": True, "stream_repair_after": None}
+    if final is not None and final.sealed:
+        values.update(stream_final_ordinal=final.last_ordinal, stream_final_digest=final.last_digest or None)
+    _execute(update(WorkflowRun).where(WorkflowRun.id == run_id).values(**values))
+
+
+def reopen_end(run_id: str, final_ordinal: int) -> bool:
+    """The store lost the end recorded at ``final_ordinal`` (a failover): make the end pending again, once."""
+    statement = (
+        update(WorkflowRun)
+        .where(
+            WorkflowRun.id == run_id,
+            WorkflowRun.stream_ended.is_(True),
+            WorkflowRun.stream_final_ordinal == final_ordinal,
+        )
+        .values(stream_ended=False, stream_repair_after=None, stream_final_ordinal=None, stream_final_digest=None)
+    )
+    return _execute(statement) == 1
 
 
 def release_end_repair(run_id: str) -> None:

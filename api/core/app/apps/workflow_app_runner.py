@@ -132,14 +132,15 @@ def _attempt(
         stop_requested=lambda: run_store.stop_requested(workflow_run_id),
         on_abort=lambda reason: run_store.request_stop(workflow_run_id),
         before_end=persist,
-        on_stream_ended=lambda: run_store.mark_stream_ended(workflow_run_id),
+        on_stream_ended=lambda info: run_store.mark_stream_ended(workflow_run_id, info),
         on_pause_lost=pause_lost,
         started_sent=resume_form is not None,
         stop_check_interval=config.WORKFLOW_STOP_CHECK_INTERVAL,
         end_deadline=config.WORKFLOW_END_RETRY_DEADLINE,
+        repair_window=config.WORKFLOW_EVENT_REPAIR_WINDOW,
     )
     flask_app = current_app._get_current_object()  # type: ignore[attr-defined]
-    with RunLease(flask_app, workflow_run_id, config.WORKFLOW_LEASE_TTL):
+    with RunLease(flask_app, workflow_run_id, config.WORKFLOW_LEASE_TTL, lambda: coordinator.stream_progress):
         coordinator.start()
         error: str | None = None
         try:

@@ -15,6 +15,7 @@ from .backpressure import BackpressureContract
 from .close_threads import CloseAndThreadsContract
 from .cursor_resume import CursorResumeContract
 from .errors import ErrorMappingContract
+from .history import HistoryContract
 from .ordinal_cursors import OrdinalCursorContract
 from .retention import RetentionContract
 from .seal import SealContract
@@ -28,6 +29,7 @@ __all__ = [
     "CursorResumeContract",
     "DurableStreamContract",
     "ErrorMappingContract",
+    "HistoryContract",
     "OrdinalCursorContract",
     "RetentionContract",
     "SealContract",
@@ -46,6 +48,7 @@ class DurableStreamContract(
     BackpressureContract,
     ErrorMappingContract,
     OrdinalCursorContract,
+    HistoryContract,
     StatefulContract,
 ):
     """Every capability of the contract; subclass once per adapter."""

@@ -4,7 +4,7 @@
 A cursor maps to its topic's incarnation and a record's ordinal and back exactly; a cursor built from an
 ordinal resumes where the delivered cursor of that record does, however far into the topic; and a
 position that is not one of this topic's retained positions (malformed, another topic's, another
-incarnation's, behind retention or past the tail) is a
+incarnation's, behind retention or past the tail, or naming another history) is a
 :class:`~api.core.durable_stream.CursorUnavailableError`, never a silent fallback.
 """
 
@@ -305,11 +305,12 @@ class OrdinalCursorContract(ContractBase):
                 == "trimmed"
             )
         assert_resumes(topic, backend.admin.cursor_after(topic_name, epoch, 7), items[7:])
-        # A position no record has had yet is no position of this topic either: nothing there is retained.
+        # A position no record has had yet is no position of this topic either: the store does not hold
+        # the history before it (what a store that lost its last records looks like to their readers).
         for ordinal in (11, 12, 2**63):
             assert (
                 expect_cursor_unavailable(topic, backend.admin.cursor_after(topic_name, epoch, ordinal)).reason
-                == "trimmed"
+                == "history_diverged"
             )
 
     def test_cursor_after_of_an_epoch_that_is_not_the_topics_is_refused(

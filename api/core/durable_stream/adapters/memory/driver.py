@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 from ..._contract import TopicSealedError
 from ..._cooperative import yield_to_greenlets
-from ..._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
+from ..._digest import GENESIS, sha1_chain
+from ..._driver import Appended, Batch, ChangeFeed, Position, Refused, StoredRecord, TopicHead, TopicInfo
 from ..._fair import FairLock
 from ..._options import Options
 from .settings import MemorySettings
@@ -23,14 +24,18 @@ class _Topic:
     first: int = 1
     sealed: bool = False
     updated: float = dataclasses.field(default_factory=time.time)
-    records: list[tuple[float, bytes]] = dataclasses.field(default_factory=list)
+    #: (created, payload, digest) of each retained record.
+    records: list[tuple[float, bytes, str]] = dataclasses.field(default_factory=list)
+    last_digest: str = GENESIS
 
     @property
     def last(self) -> int:
         return self.first + len(self.records) - 1
 
     def head(self) -> TopicHead:
-        return TopicHead(epoch=self.epoch, first=self.first, last=self.last, sealed=self.sealed)
+        return TopicHead(
+            epoch=self.epoch, first=self.first, last=self.last, sealed=self.sealed, last_digest=self.last_digest
+        )
 
     def drop_prefix(self, count: int) -> int:
         count = min(count, len(self.records))
@@ -42,6 +47,7 @@ class _Topic:
 
 class MemoryDriver:
     reread_interval = 5.0
+    chain = staticmethod(sha1_chain)
 
     def __init__(self, settings: MemorySettings) -> None:
         self.identity = f"memory:{uuid.uuid4().hex}"
@@ -56,18 +62,25 @@ class MemoryDriver:
             topic = self._topics[name] = _Topic(epoch=uuid.uuid4().hex)
         return topic
 
-    def append(self, topic: str, payload: bytes) -> None:
+    def append(self, topic: str, payload: bytes, expect: Position | None = None) -> Appended | Refused:
         yield_to_greenlets()
         with self._lock:
+            state = self._topics.get(topic)
+            if expect is not None and not _matches(state, expect):
+                return Refused(None if state is None else state.head())
             state = self._get(topic, create=True)
             assert state is not None
             if state.sealed:
                 raise TopicSealedError(f"topic {topic!r} is sealed")
             now = time.time()
-            state.records.append((now, payload))
+            digest = sha1_chain(state.last_digest, payload)
+            state.records.append((now, payload, digest))
+            state.last_digest = digest
             state.updated = now
+            ordinal = state.last
             if self._max_records is not None:
                 state.drop_prefix(len(state.records) - self._max_records)
+            return Appended(state.epoch, ordinal, digest)
 
     def seal(self, topic: str) -> None:
         yield_to_greenlets()
@@ -90,8 +103,8 @@ class MemoryDriver:
             start = max(after.ordinal + 1, state.first)
             index = start - state.first
             records = [
-                StoredRecord(ordinal=start + offset, native="", payload=payload)
-                for offset, (_, payload) in enumerate(state.records[index : index + limit])
+                StoredRecord(start + offset, "", payload, digest)
+                for offset, (_, payload, digest) in enumerate(state.records[index : index + limit])
             ]
             return Batch(head=state.head(), records=records)
 
@@ -100,7 +113,9 @@ class MemoryDriver:
             state = self._topics.get(topic)
             if state is None:
                 return None
-            return TopicInfo(topic, len(state.records), state.first, state.last, state.sealed, state.epoch)
+            return TopicInfo(
+                topic, len(state.records), state.first, state.last, state.sealed, state.epoch, state.last_digest
+            )
 
     def trim(self, topic: str, keep_last: int) -> int:
         with self._lock:
@@ -120,7 +135,7 @@ class MemoryDriver:
                     removed += state.drop_prefix(len(state.records) - self._max_records)
                 if self._max_age is not None:
                     cutoff = now - self._max_age
-                    expired = next((i for i, (created, _) in enumerate(state.records) if created >= cutoff), None)
+                    expired = next((i for i, (created, _, _) in enumerate(state.records) if created >= cutoff), None)
                     if expired is None:
                         expired = len(state.records)
                     removed += state.drop_prefix(expired)
@@ -135,6 +150,13 @@ class MemoryDriver:
     def close(self) -> None:
         with self._lock:
             self._topics.clear()
+
+
+def _matches(state: _Topic | None, expect: Position) -> bool:
+    """Whether a conditional append's expectation is the topic's head (a missing topic is position 0)."""
+    if state is None:
+        return expect.ordinal == 0
+    return state.last == expect.ordinal and state.last_digest == expect.digest
 
 
 def open_driver(url: str, options: Options) -> MemoryDriver:

@@ -15,7 +15,9 @@ Capability card
   with the options below, or checked if it exists (other limits are refused with ``ValueError``). It
   republishes every stored message on ``_DSLIVE.<stream>.<token>`` (core NATS, see "Wake-ups"); an
   existing stream without that is updated to do it.
-- Ordering: every message carries the topic's ordinal and epoch in headers (``Ds-O``, ``Ds-E``).
+- Ordering: every message carries the topic's ordinal, epoch and history digest in headers (``Ds-O``,
+  ``Ds-E``, ``Ds-H``: a record's digest chains on its predecessor's and is computed before its
+  compare-and-set publish).
   Every append is a compare-and-set publish with ``Nats-Expected-Last-Subject-Sequence`` set to the
   subject's last sequence, so two writers (threads, processes, hosts) can never both append ordinal
   ``n``: the loser re-reads the last message and retries. Ordinals are dense.
@@ -97,7 +99,9 @@ Messages and markers
 
 A topic's subject holds records and markers, distinguished by the ``Ds-K`` header:
 
-- a record: ``Ds-O`` its ordinal, ``Ds-E`` the epoch, the payload;
+- a record: ``Ds-O`` its ordinal, ``Ds-E`` the epoch, ``Ds-H`` its digest (``SHA1(previous digest ||
+  payload)``, 16 hexadecimal characters; markers carry the digest of the history before them), the
+  payload;
 - ``c`` (created): the first message of a topic subscribed to before its first append, ordinal 0,
   so the epoch exists before any record;
 - ``m`` (trimmed): appended before a trim removes every record, carrying the last ordinal and the

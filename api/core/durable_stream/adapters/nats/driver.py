@@ -18,7 +18,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from ..._contract import DurableStreamError, DurableStreamUnavailableError
-from ..._driver import Batch, ChangeFeed, Position, TopicHead, TopicInfo
+from ..._digest import sha1_chain
+from ..._driver import Appended, Batch, ChangeFeed, Position, Refused, TopicHead, TopicInfo
 from ..._options import Options
 from .feed import NatsChangeFeed
 from .jetstream import JetStream
@@ -65,6 +66,8 @@ class NatsDriver:
     #: A subscription's own re-read without a wake-up, a last resort: the change feed wakes topics on
     #: every message of their subjects and checks the watched topics' heads every ``poll_interval``.
     reread_interval = 15.0
+    #: What the adapter computes for each record before its compare-and-set publish.
+    chain = staticmethod(sha1_chain)
 
     def __init__(self, settings: NatsSettings) -> None:
         self._settings = settings
@@ -123,13 +126,14 @@ class NatsDriver:
 
     # -- Driver -------------------------------------------------------------------------------
 
-    def append(self, topic: str, payload: bytes) -> None:
+    def append(self, topic: str, payload: bytes, expect: Position | None = None) -> Appended | Refused:
         conn = self._connection()
         # Uncontended, the publish goes out from this thread: no hand-over to the loop and back.
-        if _translate("append", lambda: conn.topics.append_direct(topic, payload, conn.publisher)):
-            return
+        direct = _translate("append", lambda: conn.topics.append_direct(topic, payload, conn.publisher, expect))
+        if direct is not None:
+            return direct
         with conn.topics.through_loop(topic):
-            self._run("append", lambda store: store.append(topic, payload))
+            return self._run("append", lambda store: store.append(topic, payload, expect))
 
     def seal(self, topic: str) -> None:
         self._run("seal", lambda store: store.seal(topic))
@@ -150,8 +154,8 @@ class NatsDriver:
         found = self._run("topic info", lambda store: store.info(topic))
         if found is None:
             return None
-        length, first, last, sealed, epoch = found
-        return TopicInfo(topic, length, first, last, sealed, epoch)
+        length, first, last, sealed, epoch, digest = found
+        return TopicInfo(topic, length, first, last, sealed, epoch, digest)
 
     def trim(self, topic: str, keep_last: int) -> int:
         return self._run("trim", lambda store: store.trim(topic, keep_last))

@@ -1,8 +1,10 @@
 """The messages of a topic's subject as the adapter writes and reads them.
 
 Every message carries headers: ``Ds-O`` (the topic ordinal: a record's own, a marker's the last
-ordinal before it), ``Ds-E`` (the topic's epoch) and for markers ``Ds-K`` (``c`` created, ``m``
-trimmed to empty, ``s`` sealed). The stream's republished copies (see :mod:`.prefetch`) add the
+ordinal before it), ``Ds-E`` (the topic's epoch), ``Ds-H`` (the digest of the history up to that
+ordinal: a record's own digest, a marker's the last record's; see ``_digest``; absent on messages
+written before digests existed) and for markers ``Ds-K`` (``c`` created, ``m`` trimmed to empty,
+``s`` sealed). The stream's republished copies (see :mod:`.prefetch`) add the
 sequence of the subject's previous message.
 """
 
@@ -49,6 +51,8 @@ class StreamMessage:
     epoch: str
     kind: str
     payload: bytes
+    #: The digest of the history up to ``ordinal`` (``""``: unknown).
+    digest: str = ""
 
     @property
     def is_record(self) -> bool:
@@ -69,6 +73,7 @@ def parse_message(msg: Msg) -> StreamMessage:
             epoch=headers["Ds-E"],
             kind=_kind(headers.get("Ds-K", KIND_RECORD)),
             payload=msg.data,
+            digest=headers.get("Ds-H", ""),
         )
     except (KeyError, ValueError) as exc:
         raise DurableStreamUnavailableError(

@@ -91,7 +91,11 @@ class LivePrefetch:
             known = view.by_previous.get(previous)
             if known is not None and known[0].seq == message.seq:
                 return  # the republished copy of a local append (or the other way round)
-            record = StoredRecord(message.ordinal, str(message.seq), message.payload) if message.is_record else None
+            record = (
+                StoredRecord(message.ordinal, str(message.seq), message.payload, message.digest)
+                if message.is_record
+                else None
+            )
             view.by_previous[previous] = (message, record, time.monotonic())
             while len(view.by_previous) > _PER_SUBJECT:
                 view.by_previous.popitem(last=False)
@@ -140,7 +144,8 @@ class LivePrefetch:
             ):
                 # The reader is at the newest message seen (its wake-up was for the record it has
                 # just taken): nothing new, without a read. Anything stored later wakes it again.
-                head = TopicHead(newest.epoch, after.ordinal + 1, after.ordinal, newest.kind == KIND_SEALED, str(seq))
+                sealed = newest.kind == KIND_SEALED
+                head = TopicHead(newest.epoch, after.ordinal + 1, after.ordinal, sealed, str(seq), newest.digest)
                 return Batch(head=head, records=())
             epoch = ""
             while len(records) < limit:
@@ -166,15 +171,17 @@ class LivePrefetch:
         last = seal or newest
         if last is None:
             last_ordinal, last_native, sealed = records[-1].ordinal, records[-1].native, False
+            last_digest = records[-1].digest
         else:
             last_ordinal, last_native, sealed = last.ordinal, str(last.seq), last.kind == KIND_SEALED
+            last_digest = last.digest
         first = records[0].ordinal if records else after.ordinal + 1
         if self._max_records and records:
             # Messages from the first record on that the server holds at least (a seal counts as one).
             held = last_ordinal - first + 1 + (1 if sealed else 0)
             if held > self._max_records:
                 return None  # the limit may already have removed the first of them
-        return Batch(head=TopicHead(epoch, first, last_ordinal, sealed, last_native), records=records)
+        return Batch(head=TopicHead(epoch, first, last_ordinal, sealed, last_native, last_digest), records=records)
 
     def size(self, subject: str) -> int:
         """How many messages of ``subject`` are held (tests)."""

@@ -22,7 +22,8 @@ import weakref
 from collections.abc import Callable, Iterator
 
 from ..._contract import DurableStreamUnavailableError, TopicSealedError
-from ..._driver import Batch, Position, StoredRecord, TopicHead
+from ..._digest import GENESIS, sha1_chain
+from ..._driver import Appended, Batch, Position, Refused, StoredRecord, TopicHead
 from .cache import ReadCache
 from .jetstream import JetStream, WrongSequenceError, acknowledged_sequence
 from .locate import locate
@@ -57,7 +58,7 @@ def _new_epoch() -> str:
 
 def _records(messages: list[StreamMessage], after: int) -> list[StoredRecord]:
     return [
-        StoredRecord(message.ordinal, str(message.seq), message.payload)
+        StoredRecord(message.ordinal, str(message.seq), message.payload, message.digest)
         for message in messages
         if message.is_record and message.ordinal > after
     ]
@@ -75,8 +76,15 @@ def _passed(message: StreamMessage, after: Position) -> bool:
     return message.ordinal < after.ordinal
 
 
-def _headers(ordinal: int, epoch: str, kind: str = KIND_RECORD) -> dict[str, str]:
-    headers = {"Ds-O": str(ordinal), "Ds-E": epoch}
+def _at(tail: StreamMessage | None, expect: Position) -> bool:
+    """Whether a conditional append's expected head is ``tail`` (no message: position 0)."""
+    if tail is None:
+        return expect.ordinal == 0
+    return tail.ordinal == expect.ordinal and tail.digest == expect.digest
+
+
+def _headers(ordinal: int, epoch: str, digest: str, kind: str = KIND_RECORD) -> dict[str, str]:
+    headers = {"Ds-O": str(ordinal), "Ds-E": epoch, "Ds-H": digest}
     if kind != KIND_RECORD:
         headers["Ds-K"] = kind
     return headers
@@ -144,17 +152,19 @@ class TopicStore:
     async def _publish_next(self, subject: str, payload: bytes, kind: str, tail: StreamMessage | None) -> StreamMessage:
         """Publish after ``tail`` (``None``: as the subject's first message, in a new epoch)."""
         if tail is None:
-            epoch, expected = _new_epoch(), 0
+            epoch, expected, previous = _new_epoch(), 0, GENESIS
             ordinal = 1 if kind == KIND_RECORD else 0
         else:
-            epoch, expected = tail.epoch, tail.seq
+            epoch, expected, previous = tail.epoch, tail.seq, tail.digest
             ordinal = tail.ordinal + 1 if kind == KIND_RECORD else tail.ordinal
+        # A record's digest chains on the history before it; a marker carries that history's digest.
+        digest = sha1_chain(previous, payload) if kind == KIND_RECORD else previous
         try:
-            seq = await self._js.publish(subject, payload, _headers(ordinal, epoch, kind), expected)
+            seq = await self._js.publish(subject, payload, _headers(ordinal, epoch, digest, kind), expected)
         except WrongSequenceError:
             self._forget_tail(subject)
             raise
-        message = StreamMessage(seq, ordinal, epoch, kind, payload)
+        message = StreamMessage(seq, ordinal, epoch, kind, payload, digest)
         self._remember(subject, message)
         # Readers of this backend object at the tail need not wait for the server's republished copy.
         self._prefetch.put(subject, expected, message)
@@ -179,8 +189,13 @@ class TopicStore:
                 if not self._through_loop[subject]:
                     del self._through_loop[subject]
 
-    def append_direct(self, topic: str, payload: bytes, publisher: DirectPublisher) -> bool:
-        """Append from the caller's thread or greenlet on ``publisher``; ``False``: use :meth:`append`.
+    def append_direct(
+        self, topic: str, payload: bytes, publisher: DirectPublisher, expect: Position | None = None
+    ) -> Appended | None:
+        """Append from the caller's thread or greenlet on ``publisher``; ``None``: use :meth:`append`.
+
+        With ``expect``, only when the remembered tail is that position: the compare-and-set on its
+        sequence then makes the condition hold at the server too.
 
         Only the uncontended case is taken here: a topic whose last message this backend object
         knows (not a seal), and a publisher that is free. Anything else (no known tail, a lost
@@ -198,44 +213,51 @@ class TopicStore:
             if self._through_loop[subject]:
                 # Other threads of this process append to the topic through the loop, one after the
                 # other on its cached tail: join them rather than lose compare-and-sets to them.
-                return False
-        if tail is None or tail.kind == KIND_SEALED:
-            return False
+                return None
+        if tail is None or tail.kind == KIND_SEALED or (expect is not None and not _at(tail, expect)):
+            return None
         ordinal = tail.ordinal + 1
-        headers = _headers(ordinal, tail.epoch)
+        digest = sha1_chain(tail.digest, payload)
+        headers = _headers(ordinal, tail.epoch, digest)
         headers["Nats-Expected-Last-Subject-Sequence"] = str(tail.seq)
         headers["Nats-Expected-Stream"] = self._js.stream
         reply = publisher.publish(subject, headers, payload)
         if isinstance(reply, str):  # UNSENT, or NO_RESPONDERS: the stream is gone
-            return False
+            return None
         try:
             seq = acknowledged_sequence(reply)
         except WrongSequenceError:
             self._forget_tail(subject)
-            return False
+            return None
         if seq is None:
-            return False
-        message = StreamMessage(seq, ordinal, tail.epoch, KIND_RECORD, payload)
+            return None
+        message = StreamMessage(seq, ordinal, tail.epoch, KIND_RECORD, payload, digest)
         self._remember(subject, message)
         self._prefetch.put(subject, tail.seq, message)
         self._changed(topic)
-        return True
+        return Appended(message.epoch, message.ordinal, message.digest)
 
     # -- driver operations --------------------------------------------------------------------
 
-    async def append(self, topic: str, payload: bytes) -> None:
+    async def append(self, topic: str, payload: bytes, expect: Position | None = None) -> Appended | Refused:
         subject = self.subject(topic)
         async with self._lock(subject):
             for _ in range(_MAX_ATTEMPTS):
                 tail = await self._tail(subject)
+                if expect is not None and not _at(tail, expect):
+                    # A remembered tail may be old (another writer appended since): the server decides.
+                    self._forget_tail(subject)
+                    tail = await self._tail(subject)
+                    if not _at(tail, expect):
+                        return Refused(None if tail is None else await self._exact_head(subject, tail))
                 if tail is not None and tail.kind == KIND_SEALED:
                     raise TopicSealedError(f"topic {topic!r} is sealed")
                 try:
-                    await self._publish_next(subject, payload, KIND_RECORD, tail)
+                    message = await self._publish_next(subject, payload, KIND_RECORD, tail)
                 except WrongSequenceError:
                     continue
                 self._changed(topic)
-                return
+                return Appended(message.epoch, message.ordinal, message.digest)
         raise DurableStreamUnavailableError(f"append to {topic!r} lost {_MAX_ATTEMPTS} races with other writers")
 
     async def seal(self, topic: str) -> None:
@@ -281,6 +303,7 @@ class TopicStore:
             last=last.ordinal,
             sealed=last.kind == KIND_SEALED,
             last_native=str(last.seq),
+            last_digest=last.digest,
         )
 
     async def read(self, topic: str, after: Position, limit: int) -> Batch:
@@ -318,7 +341,7 @@ class TopicStore:
             sealed = last.kind == KIND_SEALED
             if last.ordinal <= after.ordinal:
                 # At (or past) the tail: nothing to read, and no gap can lie before the tail.
-                head = TopicHead(last.epoch, last.ordinal + 1, last.ordinal, sealed, str(last.seq))
+                head = TopicHead(last.epoch, last.ordinal + 1, last.ordinal, sealed, str(last.seq), last.digest)
                 return Batch(head=head, records=())
             if own is None and after.ordinal and (located is None or located.epoch != last.epoch):
                 # A cursor built from an ordinal carries no sequence, and a batch from the topic's
@@ -348,7 +371,7 @@ class TopicStore:
                     self._cache.store(subject, previous, messages)
                 records = _records(messages, after.ordinal)
             if records:
-                head = TopicHead(last.epoch, records[0].ordinal, last.ordinal, sealed, str(last.seq))
+                head = TopicHead(last.epoch, records[0].ordinal, last.ordinal, sealed, str(last.seq), last.digest)
                 return Batch(head=head, records=records)
             exact = await self._exact_head(subject, last)
             if exact is None:
@@ -434,9 +457,9 @@ class TopicStore:
         await self._purged(subject)
         return removed
 
-    async def info(self, topic: str) -> tuple[int, int, int, bool, str] | None:
-        """``(length, first, last, sealed, epoch)`` of the topic, or ``None`` if it does not exist."""
+    async def info(self, topic: str) -> tuple[int, int, int, bool, str, str] | None:
+        """``(length, first, last, sealed, epoch, last digest)`` of the topic, or ``None`` if it does not exist."""
         head = await self.head(topic, create=False)
         if head is None:
             return None
-        return head.last - head.first + 1, head.first, head.last, head.sealed, head.epoch
+        return head.last - head.first + 1, head.first, head.last, head.sealed, head.epoch, head.last_digest

@@ -79,12 +79,18 @@ Tables and migration
     python -m api.core.durable_stream.adapters.postgres.schema --print-sql --schema durable_stream   # review the DDL
 
 
-- ``topics(id identity, name unique, epoch, first_seq, last_seq, sealed, updated_at)`` — one row per
-  topic incarnation. ``id`` is never reused, so rows of a deleted incarnation can never be read as a
-  new one's.
-- ``records(topic_id, seq, created_at, payload bytea, primary key (topic_id, seq))`` — reading a topic
-  in order is one index range.
-- ``meta(key, value)`` — the store identity (random, binds cursors to this store) and schema version.
+- ``topics(id identity, name unique, epoch, first_seq, last_seq, sealed, updated_at, last_digest)`` — one
+  row per topic incarnation. ``id`` is never reused, so rows of a deleted incarnation can never be read
+  as a new one's. ``last_digest`` is the digest of record ``last_seq``.
+- ``records(topic_id, seq, created_at, payload bytea, digest, primary key (topic_id, seq))`` — reading a
+  topic in order is one index range. ``digest``: 16 hexadecimal characters of ``SHA-256(previous digest
+  || payload)``, computed by the append statement under the counter row's lock; every position carries
+  it, so a replica promoted without the last appends (asynchronous streaming replication) is told
+  apart from the history readers received (``history_diverged``).
+- ``meta(key, value)`` — the store identity (random, binds cursors to this store) and schema version
+  (2; a store of version 1, without digests, is upgraded in place on ``connect()`` or by the command:
+  two ``ADD COLUMN`` with a constant default, no table rewrite; with ``create_tables=false`` a version
+  1 store is refused with the command to run).
 
 Without the command, the first ``connect()`` creates them: ``CREATE … IF NOT EXISTS`` under a
 transaction-scoped advisory lock named after the schema, so processes starting together are safe;

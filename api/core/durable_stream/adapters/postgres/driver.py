@@ -18,12 +18,13 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from ..._contract import DurableStreamUnavailableError, TopicSealedError
-from ..._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
+from ..._digest import sha256_chain
+from ..._driver import Appended, Batch, ChangeFeed, Position, Refused, StoredRecord, TopicHead, TopicInfo
 from ..._fair import FairSemaphore
 from ..._options import Options
 from .errors import describe_error, translated
 from .feed import HintConnection
-from .schema import ensure_schema, read_identity
+from .schema import SCHEMA_VERSION, ensure_schema, read_identity, read_version
 from .settings import PostgresSettings, sqlalchemy_url
 from .sql import Statements
 
@@ -54,6 +55,9 @@ def _socket_has_input(fd: int) -> bool:
 
 
 class PostgresDriver:
+    #: What the append statement computes with ``sha256()``.
+    chain = staticmethod(sha256_chain)
+
     def __init__(self, settings: PostgresSettings) -> None:
         schema = settings.schema
         self._max_records = settings.max_records
@@ -92,21 +96,29 @@ class PostgresDriver:
         kwargs["options"] = "-c synchronous_commit=off"
         try:
             with translated("connection"):
+                command = f"`python -m api.core.durable_stream.adapters.postgres.schema URL --schema {schema}`"
                 if settings.create_tables:
                     with self._engine.connect() as conn:
                         conn.execution_options(isolation_level="READ COMMITTED")
                         with conn.begin():
                             identity = ensure_schema(conn, schema)
+                            version = read_version(conn, schema)
                 else:
                     with self._engine.connect() as conn:
                         found = read_identity(conn, schema)
+                        version = read_version(conn, schema)
                     if found is None:
                         raise DurableStreamUnavailableError(
-                            f"the durable-stream tables do not exist in schema {schema!r}; run "
-                            f"`python -m api.core.durable_stream.adapters.postgres.schema URL --schema {schema}` "
+                            f"the durable-stream tables do not exist in schema {schema!r}; run {command} "
                             "or connect with create_tables=true"
                         )
                     identity = found
+                if version != SCHEMA_VERSION:
+                    raise DurableStreamUnavailableError(
+                        f"the durable-stream tables in schema {schema!r} are of schema version {version}, this "
+                        f"library needs {SCHEMA_VERSION}; run {command} (it upgrades version 1 in place) or "
+                        "connect with create_tables=true"
+                    )
         except BaseException:
             self._engine.dispose()
             raise
@@ -194,26 +206,40 @@ class PostgresDriver:
 
     @staticmethod
     def _to_head(row: Sequence[Any]) -> TopicHead:
-        return TopicHead(epoch=row[0], first=int(row[1]), last=int(row[2]), sealed=bool(row[3]))
+        """A head from ``epoch, first_seq, last_seq, sealed, id, last_digest`` (the ``head`` statement's row)."""
+        return TopicHead(epoch=row[0], first=int(row[1]), last=int(row[2]), sealed=bool(row[3]), last_digest=row[5])
 
     # -- Driver ---------------------------------------------------------------------------------
 
-    def append(self, topic: str, payload: bytes) -> None:
-        params = {"name": topic, "payload": payload, "max_records": self._max_records}
+    def append(self, topic: str, payload: bytes, expect: Position | None = None) -> Appended | Refused:
+        params: dict[str, Any] = {"name": topic, "payload": payload, "max_records": self._max_records}
+        statement = self._sql.append
+        if expect is not None:
+            statement = self._sql.append_if
+            params["last"], params["digest"] = expect.ordinal, expect.digest
 
-        def work(conn: psycopg.Connection[Any]) -> None:
+        def work(conn: psycopg.Connection[Any]) -> Appended | Refused:
             for _ in range(_CREATE_ATTEMPTS):
-                if conn.execute(self._sql.append, params).fetchone() is not None:
-                    return
-                # Nothing updated: the topic is missing (create it, then append) or sealed.
-                conn.execute(self._sql.create, {"name": topic, "epoch": uuid.uuid4().hex})
+                stored = conn.execute(statement, params).fetchone()
+                if stored is not None:
+                    return Appended(str(stored[2]), int(stored[0]), str(stored[1]))
+                # Nothing updated: the topic is missing (create it, then append), sealed, or not at the
+                # expected head.
                 row = self._head_row(conn, topic)
+                if row is not None and expect is not None and (int(row[2]), row[5]) != (expect.ordinal, expect.digest):
+                    return Refused(self._to_head(row))
                 if row is not None and row[3]:
                     raise TopicSealedError(f"topic {topic!r} is sealed")
+                if row is None:
+                    if expect is not None and expect.ordinal != 0:
+                        return Refused(None)
+                    conn.execute(self._sql.create, {"name": topic, "epoch": uuid.uuid4().hex})
             raise DurableStreamUnavailableError(f"topic {topic!r} kept disappearing while appending")
 
-        self._raw("append", work)
-        self._hints.announce(topic)
+        appended = self._raw("append", work)
+        if isinstance(appended, Appended):
+            self._hints.announce(topic)
+        return appended
 
     def seal(self, topic: str) -> None:
         self._run(
@@ -260,12 +286,10 @@ class PostgresDriver:
             rows = conn.execute(self._sql.read, {"name": topic, "after": after.ordinal, "limit": limit}).fetchall()
             if not rows:
                 return Batch(head=None, records=())
-            records = [
-                StoredRecord(ordinal=int(row[4]), native="", payload=bytes(row[5]))
-                for row in rows
-                if row[4] is not None
-            ]
-            return Batch(head=self._to_head(rows[0]), records=records)
+            records = [StoredRecord(int(row[4]), "", bytes(row[5]), row[7]) for row in rows if row[4] is not None]
+            first = rows[0]
+            head = TopicHead(first[0], int(first[1]), int(first[2]), bool(first[3]), last_digest=first[6])
+            return Batch(head=head, records=records)
 
         try:
             # Let the other subscriptions woken by the same hint run first and join this read
@@ -287,7 +311,7 @@ class PostgresDriver:
         if row is None:
             return None
         first, last = int(row[1]), int(row[2])
-        return TopicInfo(topic, last - first + 1, first, last, bool(row[3]), str(row[0]))
+        return TopicInfo(topic, last - first + 1, first, last, bool(row[3]), str(row[0]), str(row[5]))
 
     def trim(self, topic: str, keep_last: int) -> int:
         def work(conn: Connection) -> int:

@@ -9,12 +9,18 @@ run DDL separately (no ``CREATE`` privilege at run time, change review) use the 
 Layout (one schema per store, so several stores can share a database):
 
 - ``topics``: one row per topic incarnation. ``last_seq`` is the counter every append increments
-  under the row's lock, ``first_seq`` the first retained ordinal, ``epoch`` random per incarnation.
+  under the row's lock, ``first_seq`` the first retained ordinal, ``epoch`` random per incarnation,
+  ``last_digest`` the digest of record ``last_seq`` (the chain every position carries, see ``_digest``).
   ``id`` comes from an identity column and is never reused, so records of a deleted incarnation can
   never be mistaken for a new one's. Every append updates the row; half-empty pages (fillfactor 50)
   keep those updates HOT, so they do not touch the name index.
-- ``records``: ``(topic_id, seq)`` is the primary key, so reading a topic in order is one index range.
+- ``records``: ``(topic_id, seq)`` is the primary key, so reading a topic in order is one index range;
+  ``digest`` is each record's digest (``''`` for records written before schema version 2).
 - ``meta``: the store's identity (binds cursors to this store) and the schema version.
+
+Schema version 2 added the digests. A store of version 1 is upgraded in place by the adapter (or the
+command below): two ``ADD COLUMN`` with a constant default, which PostgreSQL does without rewriting
+the tables; records written before keep an unknown digest, and their cursors resume by ordinal.
 
 Creation is idempotent and safe when several processes start at once: the DDL runs under a
 transaction-scoped advisory lock derived from the schema name, and is skipped entirely (no lock, no
@@ -33,9 +39,17 @@ from .settings import DEFAULT_SCHEMA, quote_ident, sqlalchemy_url, validate_sche
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-__all__ = ["SCHEMA_VERSION", "ddl_statements", "ensure_schema", "main", "read_identity"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "ddl_statements",
+    "ensure_schema",
+    "main",
+    "migration_statements",
+    "read_identity",
+    "read_version",
+]
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 
 def ddl_statements(schema: str) -> list[str]:
@@ -50,6 +64,7 @@ def ddl_statements(schema: str) -> list[str]:
     last_seq bigint NOT NULL DEFAULT 0,
     sealed boolean NOT NULL DEFAULT false,
     updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    last_digest text NOT NULL DEFAULT '',
     CHECK (first_seq >= 1 AND first_seq <= last_seq + 1)
 ) WITH (fillfactor = 50)""",
         f"""CREATE TABLE IF NOT EXISTS {s}.records (
@@ -57,6 +72,7 @@ def ddl_statements(schema: str) -> list[str]:
     seq bigint NOT NULL,
     created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     payload bytea NOT NULL,
+    digest text NOT NULL DEFAULT '',
     PRIMARY KEY (topic_id, seq)
 )""",
         f"""CREATE TABLE IF NOT EXISTS {s}.meta (
@@ -68,6 +84,26 @@ def ddl_statements(schema: str) -> list[str]:
         f"INSERT INTO {s}.meta (key, value) VALUES ('identity', '{uuid.uuid4().hex}') ON CONFLICT (key) DO NOTHING",
         f"INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}') ON CONFLICT (key) DO NOTHING",
     ]
+
+
+def migration_statements(schema: str) -> list[str]:
+    """From schema version 1 (no digests) to 2; idempotent."""
+    s = quote_ident(schema)
+    return [
+        f"ALTER TABLE {s}.topics ADD COLUMN IF NOT EXISTS last_digest text NOT NULL DEFAULT ''",
+        f"ALTER TABLE {s}.records ADD COLUMN IF NOT EXISTS digest text NOT NULL DEFAULT ''",
+        f"UPDATE {s}.meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema_version'",
+    ]
+
+
+def read_version(conn: Connection, schema: str) -> str | None:
+    """The schema version recorded in the store, ``None`` when the tables do not exist yet."""
+    from sqlalchemy import text
+
+    if read_identity(conn, schema) is None:
+        return None
+    value = conn.execute(text(f"SELECT value FROM {quote_ident(schema)}.meta WHERE key = 'schema_version'")).scalar()
+    return None if value is None else str(value)
 
 
 def read_identity(conn: Connection, schema: str) -> str | None:
@@ -86,12 +122,18 @@ def ensure_schema(conn: Connection, schema: str) -> str:
     from sqlalchemy import text
 
     identity = read_identity(conn, schema)
-    if identity is not None:
+    if identity is not None and read_version(conn, schema) == SCHEMA_VERSION:
         return identity
-    # Two processes running CREATE ... IF NOT EXISTS at the same moment can still collide on the
-    # catalog's unique indexes; serialise them on a lock named after the schema.
+    # Two processes running CREATE ... IF NOT EXISTS (or the upgrade) at the same moment can still
+    # collide on the catalog's unique indexes; serialise them on a lock named after the schema.
     conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"), {"key": f"durable_stream:{schema}"})
-    for statement in ddl_statements(schema):
+    if identity is None:
+        statements = ddl_statements(schema)
+    elif read_version(conn, schema) == "1":
+        statements = migration_statements(schema)
+    else:
+        statements = []  # upgraded meanwhile by another process, or a version this code does not know
+    for statement in statements:
         conn.execute(text(statement))
     identity = read_identity(conn, schema)
     if identity is None:  # pragma: no cover - the statements above just created it

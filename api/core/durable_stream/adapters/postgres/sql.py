@@ -32,23 +32,30 @@ class Statements:
         #
         # One statement: the UPDATE takes the counter row's lock, which is held until this statement's
         # transaction commits, so appenders of one topic commit in ordinal order.
-        self.append = f"""
-            WITH t AS (
-                UPDATE {s}.topics SET last_seq = last_seq + 1, updated_at = clock_timestamp(){advance}
-                WHERE name = %(name)s AND NOT sealed
-                RETURNING id, last_seq, first_seq, updated_at
+        # The digest is computed in the same UPDATE, under the row's lock, from the previous one (the
+        # SET expressions see the row as it was): SHA-256, which PostgreSQL has without an extension.
+        counter = f"""
+                UPDATE {s}.topics SET last_seq = last_seq + 1, updated_at = clock_timestamp(),
+                    last_digest = substr(encode(sha256(convert_to(last_digest, 'UTF8') || %(payload)s), 'hex'), 1, 16)
+                    {advance}
+                WHERE name = %(name)s AND NOT sealed"""
+        rest = f"""
+                RETURNING id, last_seq, first_seq, updated_at, last_digest, epoch
             ), r AS (
-                INSERT INTO {s}.records (topic_id, seq, created_at, payload)
-                SELECT id, last_seq, updated_at, %(payload)s FROM t
+                INSERT INTO {s}.records (topic_id, seq, created_at, payload, digest)
+                SELECT id, last_seq, updated_at, %(payload)s, last_digest FROM t
             ){trim}
-            SELECT last_seq FROM t"""
+            SELECT last_seq, last_digest, epoch FROM t"""
+        self.append = f"WITH t AS ({counter}{rest}"
+        #: The same, only if the head is the expected one (a conditional append).
+        self.append_if = f"WITH t AS ({counter} AND last_seq = %(last)s AND last_digest = %(digest)s{rest}"
         self.create = f"INSERT INTO {s}.topics (name, epoch) VALUES (%(name)s, %(epoch)s) ON CONFLICT (name) DO NOTHING"
-        self.head = f"SELECT epoch, first_seq, last_seq, sealed, id FROM {s}.topics WHERE name = %(name)s"
+        self.head = f"SELECT epoch, first_seq, last_seq, sealed, id, last_digest FROM {s}.topics WHERE name = %(name)s"
         self.read = f"""
-            SELECT t.epoch, t.first_seq, t.last_seq, t.sealed, r.seq, r.payload
+            SELECT t.epoch, t.first_seq, t.last_seq, t.sealed, r.seq, r.payload, t.last_digest, r.digest
             FROM {s}.topics t
             LEFT JOIN LATERAL (
-                SELECT seq, payload FROM {s}.records
+                SELECT seq, payload, digest FROM {s}.records
                 WHERE topic_id = t.id AND seq > %(after)s AND seq >= t.first_seq AND seq <= t.last_seq
                 ORDER BY seq LIMIT %(limit)s
             ) r ON true
@@ -57,7 +64,9 @@ class Statements:
         self.seal = text(f"""
             INSERT INTO {s}.topics AS t (name, epoch, sealed) VALUES (:name, :epoch, true)
             ON CONFLICT (name) DO UPDATE SET sealed = true, updated_at = clock_timestamp() WHERE NOT t.sealed""")
-        self.head_core = text(f"SELECT epoch, first_seq, last_seq, sealed, id FROM {s}.topics WHERE name = :name")
+        self.head_core = text(
+            f"SELECT epoch, first_seq, last_seq, sealed, id, last_digest FROM {s}.topics WHERE name = :name"
+        )
         # The first retained ordinal moves in the same statement (so the same transaction) as the
         # deletion, and never past the last assigned ordinal.
         self.drop_prefix = text(f"""
@@ -83,4 +92,4 @@ class Statements:
             DELETE FROM {s}.topics
             WHERE id = :id AND first_seq > last_seq AND updated_at < now() - make_interval(secs => :age)
             RETURNING id""")
-        self.poll = f"SELECT name, epoch, first_seq, last_seq, sealed FROM {s}.topics WHERE name = ANY(%s)"
+        self.poll = f"SELECT name, epoch, first_seq, last_seq, sealed, last_digest FROM {s}.topics WHERE name = ANY(%s)"

@@ -68,6 +68,11 @@ Options (keyword arguments of ``connect()`` or URL query parameters):
 - ``poll_interval`` (default 1 s): how often the listener checks the heads of all watched topics for
   changes that sent no hint (see below); a subscription's own re-read without any wake-up happens
   only every ``max(15 s, 10 x poll_interval)``
+- ``wait_replicas`` (default 0) / ``wait_timeout_ms`` (default 1000): after every append and seal,
+  ``WAIT wait_replicas wait_timeout_ms`` on the same connection; fewer acknowledgements raise
+  ``DurableStreamUnavailableError`` (the primary stored it; a failover could lose it). A failover to
+  an acknowledging replica then loses no acknowledged append, for a replication round trip per append;
+  with no replica attached every append fails. Standalone only (refused with ``redis+cluster://``).
 
 Every connection has redis-py's retries switched off: a retried append could be stored twice
 without anyone knowing, and a dead server must surface within seconds. Connections are named
@@ -79,8 +84,11 @@ Storage
 Per topic, sharing one hash tag (so one cluster slot):
 
 - ``{<prefix><topic>}:m`` — hash: ``e`` epoch (random, per incarnation), ``l`` last ordinal, ``i`` stream ID
-  of the last record (the stream's last generated ID), ``s`` = ``1`` when sealed;
-- ``{<prefix><topic>}:s`` — stream, one entry per record: ``o`` ordinal, ``p`` payload;
+  of the last record (the stream's last generated ID), ``h`` the last record's digest, ``s`` = ``1``
+  when sealed;
+- ``{<prefix><topic>}:s`` — stream, one entry per record: ``o`` ordinal, ``p`` payload, ``h`` digest
+  (16 hexadecimal characters of ``SHA1(previous digest .. payload)``, computed by the append script;
+  entries written before digests existed have none);
 - ``{<prefix><topic>}:n`` — the sharded pub/sub channel of its hints (not a key).
 
 Topic names containing ``{``/``}`` or starting with ``#`` use ``#<blake2b of the name>`` in the tag instead.
@@ -103,11 +111,14 @@ Guarantees and what breaks them
 - Durability is the server's: with ``appendonly yes`` + ``appendfsync always`` an acknowledged append
   survives a crash; with ``everysec`` up to a second can be lost, which readers then see as an epoch
   or ordinal mismatch only if the metadata was lost too. Asynchronous replication can lose
-  acknowledged appends on failover while keeping the epoch: a reader past the new primary's last
-  ordinal gets ``CursorUnavailableError``, but once new appends have re-used the lost ordinals a
-  resumed reader cannot tell the forked records from the lost ones. Deployments that need failover
-  without loss must make replication synchronous enough (``min-replicas-to-write``, ``WAIT``) outside
-  this library.
+  acknowledged appends on failover while keeping the epoch: every position carries the digest of the
+  record it follows, so a reader who received a lost record gets ``CursorUnavailableError``
+  ``history_diverged`` wherever the promoted replica's history ends (before, at or after its position,
+  sealed or not); a reader before the lost records continues exactly. A producer that outlives the
+  failover (``as_producer(repair_window=…)``) appends the lost records again, after which every
+  reader continues exactly; ``wait_replicas`` bounds the loss instead. A stream ID read after a failover
+  may belong to the other history: a read whose stream ID does not lead to the next ordinal locates
+  the ordinal instead, and the digests decide.
 - Every redis-py exception becomes ``DurableStreamUnavailableError`` in one place (``_translate`` in ``driver``).
 
 Wake-ups and the shared reader

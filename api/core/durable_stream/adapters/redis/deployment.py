@@ -48,11 +48,11 @@ class Deployment(Protocol):
     def evalsha(self, script: Script, keys: Sequence[bytes], args: Sequence[Any], *, read: bool = False) -> Any: ...
 
     def read(self, keys: Sequence[bytes], after: Position, limit: int) -> Any:
-        """The READ script's reply: ``{epoch, first, last, sealed, last id, entries}`` or empty."""
+        """The READ script's reply: ``{epoch, first, last, sealed, last id, last digest, entries}`` or empty."""
         ...
 
     def heads(self, keys: Sequence[tuple[bytes, bytes]]) -> list[tuple[Any, Any]]:
-        """``(HMGET meta e l i s, XLEN stream)`` for each ``(meta, stream)``, in one round trip per node."""
+        """``(HMGET meta e l i s h, XLEN stream)`` for each ``(meta, stream)``, in one round trip per node."""
         ...
 
     def scan(self, pattern: bytes) -> Iterator[bytes]: ...
@@ -234,6 +234,38 @@ class Standalone:
         """Run an ``EVALSHA`` of ``script`` that :class:`PackedAppend` encoded, on a write connection."""
         return self._loading(script, self._writer, lambda: self._roundtrip(self._writer, command))
 
+    def evalsha_waiting(
+        self, script: Script, command: bytes | None, keys: Sequence[bytes], args: Sequence[Any], wait: tuple[int, int]
+    ) -> tuple[Any, int]:
+        """An ``EVALSHA`` (``command`` packed already, or ``keys`` and ``args``) followed by ``WAIT replicas
+        timeout`` on the same connection (``WAIT`` counts that connection's writes): the script's reply
+        and how many replicas acknowledged it."""
+        from redis.exceptions import ResponseError
+
+        def run() -> tuple[Any, int]:
+            connection = self._writer.acquire()
+            healthy = False
+            try:
+                script_command = command
+                if script_command is None:
+                    script_command = b"".join(connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *args))
+                waiting = b"".join(connection.pack_command("WAIT", *wait))
+                connection.send_packed_command((script_command, waiting), check_health=False)
+                try:
+                    reply = connection.read_response()
+                except ResponseError:
+                    connection.read_response()  # the WAIT's reply: the connection stays in step
+                    healthy = True
+                    raise
+                acknowledged = int(connection.read_response())
+                healthy = True
+                return reply, acknowledged
+            finally:
+                self._writer.release(connection, healthy)
+
+        result: tuple[Any, int] = self._loading(script, self._writer, run)
+        return result
+
     def evalsha(self, script: Script, keys: Sequence[bytes], args: Sequence[Any], *, read: bool = False) -> Any:
         pool = self._reader if read else self._writer
         return self._loading(script, pool, lambda: self._execute(pool, "EVALSHA", script.sha, len(keys), *keys, *args))
@@ -255,7 +287,7 @@ class Standalone:
         start = b"(" + after.native.encode() if after.native else b"-"
         state, length, entries = self._transaction(
             self._reader,
-            ("HMGET", meta, "e", "l", "i", "s"),
+            ("HMGET", meta, "e", "l", "i", "s", "h"),
             ("XLEN", stream),
             ("XRANGE", stream, start, "+", "COUNT", limit),
         )
@@ -269,11 +301,15 @@ class Standalone:
         elif not after.native and target > first:
             # No stream ID to start from, and not at the first record: locate the ordinal server-side.
             return self.evalsha(READ_SCRIPT, keys, (after.ordinal, "", limit), read=True)
-        return [state[0], first, last, 1 if state[3] else 0, state[2] or b"", entries]
+        elif after.native and (not entries or _ordinal_of(entries[0]) != target):
+            # The stream ID of another history (records re-appended after a failover have new IDs):
+            # locate the ordinal instead; the reader compares the digests.
+            return self.evalsha(READ_SCRIPT, keys, (after.ordinal, "", limit), read=True)
+        return [state[0], first, last, 1 if state[3] else 0, state[2] or b"", state[4] or b"", entries]
 
     def heads(self, keys: Sequence[tuple[bytes, bytes]]) -> list[tuple[Any, Any]]:
         commands = [
-            command for meta, stream in keys for command in (("HMGET", meta, "e", "l", "i", "s"), ("XLEN", stream))
+            command for meta, stream in keys for command in (("HMGET", meta, "e", "l", "i", "s", "h"), ("XLEN", stream))
         ]
         results = self._transaction(self._reader, *commands)
         return list(zip(results[::2], results[1::2], strict=True))
@@ -368,7 +404,7 @@ class Cluster:
         # commands also sends a hint, which makes the periodic check ignore this answer.
         pipeline = self._reader.pipeline(transaction=False)
         for meta, stream in keys:
-            pipeline.hmget(meta, "e", "l", "i", "s")
+            pipeline.hmget(meta, "e", "l", "i", "s", "h")
             pipeline.xlen(stream)
         results = pipeline.execute()
         return list(zip(results[::2], results[1::2], strict=True))
@@ -419,22 +455,34 @@ class PackedAppend:
         self._limits = _bulk(str(max_records).encode()) + _bulk(str(max_age_ms).encode())
         self._heads: dict[str, bytes] = {}
 
-    def command(self, topic: str, payload: bytes, epoch: bytes, hint: bool) -> bytes:
+    def command(self, topic: str, payload: bytes, epoch: bytes, hint: bool, expect: Position | None = None) -> bytes:
         head = self._heads.get(topic)
         if head is None:
             if len(self._heads) >= self._CACHED_TOPICS:
                 self._heads.clear()
             keys = b"".join(_bulk(key) for key in self._keys_of(topic))
-            head = b"*11\r\n" + _bulk(b"EVALSHA") + _bulk(APPEND_SCRIPT.sha.encode()) + _bulk(b"3") + keys
+            head = b"*13\r\n" + _bulk(b"EVALSHA") + _bulk(APPEND_SCRIPT.sha.encode()) + _bulk(b"3") + keys
             self._heads[topic] = head
-        return b"%b$%d\r\n%b\r\n%b%b%b" % (
+        if expect is None:
+            condition = _UNCONDITIONAL
+        else:
+            condition = _bulk(str(expect.ordinal).encode()) + _bulk(expect.digest.encode())
+        return b"%b$%d\r\n%b\r\n%b%b%b%b" % (
             head,
             len(payload),
             payload,
             _bulk(epoch),
             self._limits,
             _HINT_WITH_PAYLOAD if hint else _HINT_WITHOUT_PAYLOAD,
+            condition,
         )
+
+
+def _ordinal_of(entry: Any) -> int:
+    fields = entry[1]
+    if fields[0] == b"o":
+        return int(fields[1])
+    return int(dict(zip(fields[::2], fields[1::2], strict=True))[b"o"])
 
 
 def _bulk(value: bytes) -> bytes:
@@ -443,3 +491,4 @@ def _bulk(value: bytes) -> bytes:
 
 _HINT_WITH_PAYLOAD = _bulk(b"1")
 _HINT_WITHOUT_PAYLOAD = _bulk(b"0")
+_UNCONDITIONAL = _bulk(b"") + _bulk(b"")

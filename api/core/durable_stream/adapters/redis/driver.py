@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..._contract import CursorUnavailableError, DurableStreamError, DurableStreamUnavailableError, TopicSealedError
-from ..._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
+from ..._digest import sha1_chain
+from ..._driver import Appended, Batch, ChangeFeed, Position, Refused, StoredRecord, TopicHead, TopicInfo
 from ..._options import Options
 from .deployment import Cluster, Deployment, PackedAppend, Standalone
 from .feed import RedisChangeFeed
@@ -52,6 +53,8 @@ class RedisDriver:
     #: A subscription's own re-read without any wake-up, a last resort: the change feed checks the
     #: heads of all watched topics every ``poll_interval`` (URL option) seconds and wakes those that changed.
     reread_interval = 15.0
+    #: What the APPEND script computes with ``redis.sha1hex``.
+    chain = staticmethod(sha1_chain)
 
     def __init__(self, settings: RedisSettings) -> None:
         self._settings = settings
@@ -62,6 +65,8 @@ class RedisDriver:
         self.reread_interval = max(RedisDriver.reread_interval, 10 * settings.poll_interval)
         self.identity = f"redis:{settings.key_prefix}"
         self._hint_limit = settings.hint_payload_limit
+        #: ``WAIT`` after each append and seal: (replicas, timeout in ms), or None.
+        self._wait = (settings.wait_replicas, settings.wait_timeout_ms) if settings.wait_replicas else None
         max_age = settings.max_age_seconds
         # Prefetched records older than this are not handed out: with max_age_seconds the topic may
         # have expired meanwhile. Without it they stay exact however old (a chain of stream IDs proves
@@ -106,25 +111,57 @@ class RedisDriver:
 
     # -- Driver -----------------------------------------------------------------------------
 
-    def append(self, topic: str, payload: bytes) -> None:
+    def append(self, topic: str, payload: bytes, expect: Position | None = None) -> Appended | Refused:
         hint = len(payload) <= self._hint_limit
         epoch = _new_epoch()
         standalone, packed = self._standalone, self._packed_append
         if standalone is not None:
-            command = packed.command(topic, payload, epoch.encode(), hint)
-            reply = _translate("append", lambda: standalone.evalsha_packed(APPEND_SCRIPT, command))
+            command = packed.command(topic, payload, epoch.encode(), hint, expect)
+            if self._wait is not None:
+                wait = self._wait
+                reply, acknowledged = _translate(
+                    "append", lambda: standalone.evalsha_waiting(APPEND_SCRIPT, command, (), (), wait)
+                )
+                if reply[0] == 1:
+                    self._check_replicas("append", topic, acknowledged)
+            else:
+                reply = _translate("append", lambda: standalone.evalsha_packed(APPEND_SCRIPT, command))
         else:
-            args = (payload, epoch, self._max_records, self._max_age_ms, "1" if hint else "0")
+            condition = ("", "") if expect is None else (str(expect.ordinal), expect.digest)
+            args = (payload, epoch, self._max_records, self._max_age_ms, "1" if hint else "0", *condition)
             reply = self._eval("append", APPEND_SCRIPT, topic, args)
         if reply[0] == 0:
             raise TopicSealedError(f"topic {topic!r} is sealed")
+        if reply[0] == 2:
+            return Refused(_parse_head(reply[1:]))
+        _, epoch_bytes, ordinal, native, first, previous, digest_bytes = reply
+        epoch, digest = epoch_bytes.decode(), digest_bytes.decode()
         if self._prefetch is not None:
-            _, epoch, ordinal, native, first, previous = reply
             self._prefetch.put(
-                topic, epoch.decode(), int(ordinal), native.decode(), previous.decode(), int(first), payload
+                topic, epoch, int(ordinal), native.decode(), previous.decode(), int(first), payload, digest
+            )
+        return Appended(epoch, int(ordinal), digest)
+
+    def _check_replicas(self, operation: str, topic: str, acknowledged: int) -> None:
+        assert self._wait is not None
+        wanted, timeout = self._wait
+        if acknowledged < wanted:
+            raise DurableStreamUnavailableError(
+                f"Redis {operation} on {topic!r} was stored by the primary but acknowledged by {acknowledged} of "
+                f"{wanted} replicas within {timeout} ms (wait_replicas): a failover now could lose it"
             )
 
     def seal(self, topic: str) -> None:
+        standalone, wait = self._standalone, self._wait
+        if standalone is not None and wait is not None:
+            keys, args = self._keys(topic), (_new_epoch(), self._max_age_ms)
+            _, acknowledged = _translate(
+                "seal", lambda: standalone.evalsha_waiting(SEAL_SCRIPT, None, keys, args, wait)
+            )
+            self._check_replicas("seal", topic, acknowledged)
+            if self._prefetch is not None:
+                self._prefetch.invalidate(topic)
+            return
         self._eval("seal", SEAL_SCRIPT, topic, (_new_epoch(), self._max_age_ms))
         if self._prefetch is not None:
             self._prefetch.invalidate(topic)  # its hint follows; until then nobody trusts the old head
@@ -150,27 +187,29 @@ class RedisDriver:
             return Batch(head=None, records=())
         if stamp is not None and self._prefetch is not None:
             self._prefetch.observe(topic, stamp, head)
-        return Batch(head=head, records=[_parse_record(entry) for entry in reply[5]])
+        return Batch(head=head, records=[_parse_record(entry) for entry in reply[6]])
 
     def _heads(self, topics: list[str]) -> list[TopicHead | None]:
         """The heads of many topics at once, for the change feed's periodic check."""
         keys = [self._keys(topic)[:2] for topic in topics]
         replies = _translate("head check", lambda: self._redis.heads(keys))
         heads: list[TopicHead | None] = []
-        for (epoch, last, last_native, sealed), length in replies:
+        for (epoch, last, last_native, sealed, digest), length in replies:
             if epoch is None:
                 heads.append(None)
                 continue
             ordinal = int(last or 0)
-            heads.append(_parse_head([epoch, ordinal - int(length) + 1, ordinal, sealed, last_native or b""]))
+            heads.append(
+                _parse_head([epoch, ordinal - int(length) + 1, ordinal, sealed, last_native or b"", digest or b""])
+            )
         return heads
 
     def topic_info(self, topic: str) -> TopicInfo | None:
         reply = self._eval("topic info", INFO_SCRIPT, topic, ())
         if not reply:
             return None
-        length, first, last, sealed, epoch = reply
-        return TopicInfo(topic, int(length), int(first), int(last), bool(sealed), epoch.decode())
+        length, first, last, sealed, epoch, digest = reply
+        return TopicInfo(topic, int(length), int(first), int(last), bool(sealed), epoch.decode(), digest.decode())
 
     def trim(self, topic: str, keep_last: int) -> int:
         removed, first = self._eval("trim", TRIM_SCRIPT, topic, (keep_last,))
@@ -239,7 +278,7 @@ def _new_epoch() -> str:
 def _parse_head(reply: Any) -> TopicHead | None:
     if not reply:
         return None
-    epoch, first, last, sealed, last_native = reply[:5]
+    epoch, first, last, sealed, last_native, last_digest = reply[:6]
     native = last_native.decode()
     if not native and int(last) == 0:
         # Before the first record there is no stream ID: ``e:<epoch>`` names that position, so the
@@ -251,15 +290,16 @@ def _parse_head(reply: Any) -> TopicHead | None:
         last=int(last),
         sealed=bool(sealed),
         last_native=native,
+        last_digest=last_digest.decode(),
     )
 
 
 def _parse_record(entry: Any) -> StoredRecord:
     native, fields = entry
-    if fields[0] == b"o" and fields[2] == b"p":
-        return StoredRecord(int(fields[1]), native.decode(), fields[3])
+    if len(fields) == 6 and fields[0] == b"o" and fields[2] == b"p" and fields[4] == b"h":
+        return StoredRecord(int(fields[1]), native.decode(), fields[3], fields[5].decode())
     values = dict(zip(fields[::2], fields[1::2], strict=True))
-    return StoredRecord(int(values[b"o"]), native.decode(), values[b"p"])
+    return StoredRecord(int(values[b"o"]), native.decode(), values[b"p"], values.get(b"h", b"").decode())
 
 
 def _glob_escape(text: bytes) -> bytes:

@@ -17,10 +17,10 @@ from ..._driver import Batch, Position, StoredRecord, TopicHead
 __all__ = ["Prefetch", "apply_hint"]
 
 
-#: A prefetched record: ``(ordinal, stream ID, payload, epoch, monotonic time received)``. A plain
-#: tuple of atoms, which the cyclic GC stops tracking after its first pass: thousands of these live
-#: for seconds, and as tracked objects they would make every full collection longer.
-_Hint = tuple[int, str, bytes, str, float]
+#: A prefetched record: ``(ordinal, stream ID, payload, epoch, monotonic time received, digest)``. A
+#: plain tuple of atoms, which the cyclic GC stops tracking after its first pass: thousands of these
+#: live for seconds, and as tracked objects they would make every full collection longer.
+_Hint = tuple[int, str, bytes, str, float, str]
 
 
 class _TopicView:
@@ -32,6 +32,7 @@ class _TopicView:
         "epoch",
         "first",
         "last",
+        "last_digest",
         "last_native",
         "live",
         "mirror_until",
@@ -50,6 +51,7 @@ class _TopicView:
         self.first = 0
         self.last = 0
         self.last_native = ""
+        self.last_digest = ""
         self.sealed = False
         self.dead_epochs: set[str] = set()
         self.changes = 0  # every event seen for the topic; a read that overlaps one is not mirrored
@@ -67,7 +69,7 @@ class _TopicView:
         self.changes += 1
 
     def head(self) -> TopicHead:
-        return TopicHead(self.epoch, self.first, self.last, self.sealed, self.last_native)
+        return TopicHead(self.epoch, self.first, self.last, self.sealed, self.last_native, self.last_digest)
 
 
 class Prefetch:
@@ -129,7 +131,15 @@ class Prefetch:
                     state.forget_records()
 
     def put(
-        self, topic: str, epoch: str, ordinal: int, native: str, previous: str, first: int, payload: bytes | None
+        self,
+        topic: str,
+        epoch: str,
+        ordinal: int,
+        native: str,
+        previous: str,
+        first: int,
+        payload: bytes | None,
+        digest: str,
     ) -> None:
         """A record was appended (``payload`` is ``None`` when the hint did not carry it)."""
         with self._lock:
@@ -144,17 +154,18 @@ class Prefetch:
             if state.epoch != epoch:
                 state.forget_records()
                 state.epoch, state.first, state.last, state.last_native, state.sealed = epoch, first, 0, "", False
+                state.last_digest = ""
             state.first = max(state.first, first)
             if ordinal > state.last:
-                state.last, state.last_native = ordinal, native
+                state.last, state.last_native, state.last_digest = ordinal, native, digest
             state.batches.clear()  # built with an older head
             if payload is None or not previous or len(payload) > self.max_payload or ordinal < state.first:
                 return
-            state.by_previous[previous] = (ordinal, native, payload, epoch, time.monotonic())
+            state.by_previous[previous] = (ordinal, native, payload, epoch, time.monotonic(), digest)
             while len(state.by_previous) > self.per_topic:
                 state.by_previous.popitem(last=False)
 
-    def sealed(self, topic: str, epoch: str, last: int, native: str) -> None:
+    def sealed(self, topic: str, epoch: str, last: int, native: str, digest: str) -> None:
         with self._lock:
             state = self._topics.get(topic)
             if state is None:
@@ -164,7 +175,9 @@ class Prefetch:
                 state.mirrored = False
             if state.epoch == epoch:
                 if last > state.last:
-                    state.last, state.last_native = last, native
+                    state.last, state.last_native, state.last_digest = last, native, digest
+                elif last < state.last or digest != state.last_digest:
+                    state.mirrored = False  # not the head the hints announced: read it from the server
                 state.sealed = True
                 state.batches.clear()  # built with the unsealed head
 
@@ -187,6 +200,7 @@ class Prefetch:
                 if state.epoch:
                     state.dead_epochs.add(state.epoch)
                 state.epoch, state.first, state.last, state.last_native, state.sealed = "", 0, 0, "", False
+                state.last_digest = ""
 
     def invalidate(self, topic: str) -> None:
         with self._lock:
@@ -229,8 +243,14 @@ class Prefetch:
                 if state.epoch:
                     state.dead_epochs.add(state.epoch)
                 state.epoch, state.first, state.last, state.last_native, state.sealed = "", 0, 0, "", False
+                state.last_digest = ""
                 return changed
-            changed = head.epoch != state.epoch or head.last != state.last or head.sealed != state.sealed
+            changed = (
+                head.epoch != state.epoch
+                or head.last != state.last
+                or head.sealed != state.sealed
+                or head.last_digest != state.last_digest
+            )
             if changed:
                 state.changes += 1  # reads in flight started before this news: they must not mirror
             self._adopt(state, head)
@@ -244,11 +264,11 @@ class Prefetch:
             if state.epoch:
                 state.dead_epochs.add(state.epoch)  # late hints of the old incarnation are ignored
             state.epoch, state.first = head.epoch, head.first
-            state.last, state.last_native = head.last, head.last_native
+            state.last, state.last_native, state.last_digest = head.last, head.last_native, head.last_digest
         else:
             state.first = max(state.first, head.first)
             if head.last >= state.last:
-                state.last, state.last_native = head.last, head.last_native
+                state.last, state.last_native, state.last_digest = head.last, head.last_native, head.last_digest
         state.sealed = head.sealed
         state.mirrored = state.live and state.last == head.last
         if state.mirrored:
@@ -286,26 +306,27 @@ class Prefetch:
             hint = state.by_previous.get(after.native)
             if hint is None:
                 return self._idle(state, after)
-            ordinal, native, payload, epoch, received = hint
+            ordinal, native, payload, epoch, received, digest = hint
             if ordinal != after.ordinal + 1 or ordinal < state.first:
                 return self._idle(state, after)
             oldest = time.monotonic() - self.max_age
             if received < oldest or epoch != state.epoch:
                 return self._idle(state, after)
-            records = [StoredRecord(ordinal, native, payload)]
+            records = [StoredRecord(ordinal, native, payload, digest)]
             while len(records) < limit:
                 following = state.by_previous.get(native)
                 if following is None:
                     break
-                next_ordinal, next_native, next_payload, next_epoch, next_received = following
+                next_ordinal, next_native, next_payload, next_epoch, next_received, next_digest = following
                 if next_ordinal != ordinal + 1 or next_epoch != epoch or next_received < oldest:
                     break
-                ordinal, native = next_ordinal, next_native
-                records.append(StoredRecord(ordinal, native, next_payload))
+                ordinal, native, digest = next_ordinal, next_native, next_digest
+                records.append(StoredRecord(ordinal, native, next_payload, digest))
             # The head is the topic as of the newest append seen: records up to it may be missing here
             # (a lost hint), so a reader that stops short of it reads again instead of waiting.
             last = state.last
-            head = TopicHead(epoch, state.first, last, state.sealed, native if last <= ordinal else "")
+            at_end = last <= ordinal
+            head = TopicHead(epoch, state.first, last, state.sealed, native if at_end else "", digest if at_end else "")
             batch = Batch(head=head, records=tuple(records))
             state.batches[key] = (batch, received)
             self._built.append((time.monotonic(), topic, key))
@@ -316,7 +337,7 @@ class Prefetch:
         """A reader at the mirrored head: nothing new, and the mirror is the head."""
         if not state.mirrored or not state.live or time.monotonic() >= state.mirror_until:
             return None
-        if after.ordinal != state.last or after.native != state.last_native:
+        if after.ordinal != state.last or after.native != state.last_native or after.digest != state.last_digest:
             return None
         return Batch(head=state.head(), records=())
 
@@ -325,14 +346,23 @@ def apply_hint(prefetch: Prefetch, topic: str, message: bytes) -> None:
     """Record what a hint message (see :mod:`.scripts`) says about ``topic``."""
     kind = message[:1]
     try:
-        if kind in (b"a", b"n"):
-            parts = message.split(b"|", 6)
-            payload = parts[6] if kind == b"a" and len(parts) == 7 else None
-            epoch, ordinal, native, previous, first = parts[1:6]
-            prefetch.put(topic, epoch.decode(), int(ordinal), native.decode(), previous.decode(), int(first), payload)
-        elif kind == b"s":
-            _, epoch, last, native = message.split(b"|", 3)
-            prefetch.sealed(topic, epoch.decode(), int(last), native.decode())
+        if kind in (b"A", b"N"):
+            parts = message.split(b"|", 7)
+            payload = parts[7] if kind == b"A" and len(parts) == 8 else None
+            epoch, ordinal, native, previous, first, digest = parts[1:7]
+            prefetch.put(
+                topic,
+                epoch.decode(),
+                int(ordinal),
+                native.decode(),
+                previous.decode(),
+                int(first),
+                payload,
+                digest.decode(),
+            )
+        elif kind == b"S":
+            _, epoch, last, native, digest = message.split(b"|", 4)
+            prefetch.sealed(topic, epoch.decode(), int(last), native.decode(), digest.decode())
         elif kind == b"t":
             prefetch.trimmed(topic, int(message[2:]))
         elif kind == b"d":

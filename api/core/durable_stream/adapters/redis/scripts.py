@@ -8,8 +8,11 @@ Keys of one topic (all share one hash tag, so the topic lives in one cluster slo
 
 - ``KEYS[1]`` the metadata hash: ``e`` epoch, ``l`` last ordinal, ``i`` stream ID of the last record
   (the stream's ``last-generated-id``: it is written from ``XADD``'s reply in the same script, and,
-  unlike ``XREVRANGE``, it survives a trim to empty), ``s`` = ``1`` once sealed.
-- ``KEYS[2]`` the stream: one entry per record with fields ``o`` (ordinal) and ``p`` (payload).
+  unlike ``XREVRANGE``, it survives a trim to empty), ``h`` the last record's digest, ``s`` = ``1``
+  once sealed.
+- ``KEYS[2]`` the stream: one entry per record with fields ``o`` (ordinal), ``p`` (payload) and ``h``
+  (digest: the first 16 hexadecimal characters of ``SHA1(previous digest .. payload)``, see
+  ``_digest``; entries written before digests existed have none).
   Entries are only ever removed from the front by ``XTRIM``/``MAXLEN``/``MINID``; never ``XDEL``.
 - ``KEYS[3]`` a sharded pub/sub channel, not a key: the wake-up and prefetch hints the shared
   reader listens to (``SPUBLISH``; published messages are not written to the AOF).
@@ -19,10 +22,14 @@ is ``last - XLEN + 1`` and cannot drift from what ``XTRIM`` really removed.
 
 Hint messages (``|``-separated, the payload last so it may contain anything):
 
-- ``a|epoch|ordinal|id|previous id|first|payload``: a record was appended (payload included when
-  small enough), ``n|epoch|ordinal|id|previous id|first`` the same without the payload. The first
-  record's previous id is ``e:<epoch>``; ``first`` is 0 when the append cannot have moved it;
-- ``s|epoch|last|last id``: the topic is sealed; ``t|first``: records were trimmed; ``d``: deleted.
+- ``A|epoch|ordinal|id|previous id|first|digest|payload``: a record was appended (payload included
+  when small enough), ``N|epoch|ordinal|id|previous id|first|digest`` the same without the payload.
+  The first record's previous id is ``e:<epoch>``; ``first`` is 0 when the append cannot have moved it;
+- ``S|epoch|last|last id|last digest``: the topic is sealed; ``t|first``: records were trimmed;
+  ``d``: deleted.
+
+(Upper-case kinds since digests: a process of the previous release treats them as unknown hints, which
+only make it forget what it prefetched, and this one treats the old ``a``, ``n`` and ``s`` the same way.)
 
 Keys must only be changed through these scripts (or deleted together): a stream key deleted by hand
 under surviving metadata would let the next ``XADD`` restart its IDs, which readers report as an
@@ -112,30 +119,42 @@ local function trim_by_age(stream, max_age)
 end
 """
 
-#: ARGV: payload, epoch for a new topic, max_records (0: none), max_age_ms (0: none),
-#: include the payload in the hint (1/0). Returns ``{1, epoch, ordinal, id, first, previous id}``
-#: (``first`` is 0 when no option trims on append) or ``{0}`` when the topic is sealed.
+#: ARGV: payload, epoch for a new topic, max_records (0: none), max_age_ms (0: none), include the
+#: payload in the hint (1/0), expected last ordinal and expected last digest (both '': append whatever
+#: the head). Returns ``{1, epoch, ordinal, id, first, previous id, digest}`` (``first`` is 0 when no
+#: option trims on append), ``{0}`` when the topic is sealed, or, when the head is not the expected
+#: one (nothing stored), ``{2}`` for a missing topic and ``{2, epoch, first, last, sealed, last id,
+#: last digest}`` otherwise.
 APPEND = r"""
 -- The hot path: no shared helpers (defining them costs more than the rest of the script).
 local meta, stream, channel = KEYS[1], KEYS[2], KEYS[3]
-local state = redis.call('HMGET', meta, 'e', 'l', 'i', 's')
-local epoch, previous = state[1], state[3]
+local state = redis.call('HMGET', meta, 'e', 'l', 'i', 's', 'h')
+local epoch, previous, last_digest = state[1], state[3], state[5] or ''
+if ARGV[6] ~= '' then
+  local last = tonumber(state[2] or '0')
+  if not epoch then
+    if ARGV[6] ~= '0' then return {2} end
+  elseif last ~= tonumber(ARGV[6]) or last_digest ~= ARGV[7] then
+    return {2, epoch, last - redis.call('XLEN', stream) + 1, last, state[4] and 1 or 0, previous or '', last_digest}
+  end
+end
 if not epoch then
   -- A new incarnation: a stream left behind by an earlier one must not mix its ordinals in.
-  epoch, previous = ARGV[2], false
+  epoch, previous, last_digest = ARGV[2], false, ''
   redis.call('DEL', stream)
 elseif state[4] then
   return {0}
 end
 local ordinal = tonumber(state[2] or '0') + 1
+local digest = string.sub(redis.sha1hex(last_digest .. ARGV[1]), 1, 16)
 local max_records, max_age = tonumber(ARGV[3]), tonumber(ARGV[4])
 local id
 if max_records > 0 then
-  id = redis.call('XADD', stream, 'MAXLEN', '=', max_records, '*', 'o', ordinal, 'p', ARGV[1])
+  id = redis.call('XADD', stream, 'MAXLEN', '=', max_records, '*', 'o', ordinal, 'p', ARGV[1], 'h', digest)
 else
-  id = redis.call('XADD', stream, '*', 'o', ordinal, 'p', ARGV[1])
+  id = redis.call('XADD', stream, '*', 'o', ordinal, 'p', ARGV[1], 'h', digest)
 end
-redis.call('HSET', meta, 'e', epoch, 'l', ordinal, 'i', id)
+redis.call('HSET', meta, 'e', epoch, 'l', ordinal, 'i', id, 'h', digest)
 -- Without trimming options an append never moves the first record: 0 says "unchanged".
 local first = 0
 if max_age > 0 then
@@ -148,13 +167,13 @@ end
 if max_records > 0 or max_age > 0 then first = ordinal - redis.call('XLEN', stream) + 1 end
 -- The first record of an incarnation follows the pseudo position 'e:<epoch>' (see the driver).
 previous = previous or ('e:' .. epoch)
-local header = epoch .. '|' .. ordinal .. '|' .. id .. '|' .. previous .. '|' .. first
+local header = epoch .. '|' .. ordinal .. '|' .. id .. '|' .. previous .. '|' .. first .. '|' .. digest
 if ARGV[5] == '1' then
-  redis.call('SPUBLISH', channel, 'a|' .. header .. '|' .. ARGV[1])
+  redis.call('SPUBLISH', channel, 'A|' .. header .. '|' .. ARGV[1])
 else
-  redis.call('SPUBLISH', channel, 'n|' .. header)
+  redis.call('SPUBLISH', channel, 'N|' .. header)
 end
-return {1, epoch, ordinal, id, first, previous}
+return {1, epoch, ordinal, id, first, previous, digest}
 """
 
 #: ARGV: epoch for a new topic, max_age_ms. Returns the head like HEAD.
@@ -165,15 +184,15 @@ local meta, stream, channel = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('HSETNX', meta, 'e', ARGV[1]) == 1 then create(meta, stream, ARGV[1]) end
 redis.call('HSET', meta, 's', 1)
 refresh_ttl(meta, stream, tonumber(ARGV[2]))
-local state = redis.call('HMGET', meta, 'e', 'l', 'i')
+local state = redis.call('HMGET', meta, 'e', 'l', 'i', 'h')
 local last = tonumber(state[2])
-redis.call('SPUBLISH', channel, 's|' .. state[1] .. '|' .. last .. '|' .. (state[3] or ''))
-return {state[1], first_ordinal(stream, last), last, 1, state[3] or ''}
+redis.call('SPUBLISH', channel, 'S|' .. state[1] .. '|' .. last .. '|' .. (state[3] or '') .. '|' .. (state[4] or ''))
+return {state[1], first_ordinal(stream, last), last, 1, state[3] or '', state[4] or ''}
 """
 )
 
 #: ARGV: create (1/0), epoch for a new topic, max_age_ms. Returns
-#: ``{epoch, first, last, sealed, last id}`` or ``{}`` when the topic does not exist.
+#: ``{epoch, first, last, sealed, last id, last digest}`` or ``{}`` when the topic does not exist.
 HEAD = (
     _COMMON
     + r"""
@@ -182,10 +201,10 @@ if ARGV[1] == '1' and redis.call('HSETNX', meta, 'e', ARGV[2]) == 1 then
   create(meta, stream, ARGV[2])
   refresh_ttl(meta, stream, tonumber(ARGV[3]))
 end
-local state = redis.call('HMGET', meta, 'e', 'l', 'i', 's')
+local state = redis.call('HMGET', meta, 'e', 'l', 'i', 's', 'h')
 if not state[1] then return {} end
 local last = tonumber(state[2])
-return {state[1], first_ordinal(stream, last), last, state[4] and 1 or 0, state[3] or ''}
+return {state[1], first_ordinal(stream, last), last, state[4] and 1 or 0, state[3] or '', state[5] or ''}
 """
 )
 
@@ -195,17 +214,21 @@ READ = (
     _COMMON
     + r"""
 local meta, stream = KEYS[1], KEYS[2]
-local state = redis.call('HMGET', meta, 'e', 'l', 'i', 's')
+local state = redis.call('HMGET', meta, 'e', 'l', 'i', 's', 'h')
 if not state[1] then return {} end
 local last = tonumber(state[2])
 local after, native, limit = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local first = first_ordinal(stream, last)
 local records = {}
 local target = after + 1
-if target <= last and target >= first then
-  if native ~= '' then
-    records = redis.call('XRANGE', stream, '(' .. native, '+', 'COUNT', limit)
-  elseif target == first then
+if target <= last and target >= first and native ~= '' then
+  records = redis.call('XRANGE', stream, '(' .. native, '+', 'COUNT', limit)
+  -- The stream ID of another history (records re-appended after a failover have new IDs): the
+  -- ordinal is found below instead, and the reader compares the digests.
+  if #records == 0 or ordinal_of(records[1]) ~= target then native, records = '', {} end
+end
+if target <= last and target >= first and native == '' then
+  if target == first then
     records = redis.call('XRANGE', stream, '-', '+', 'COUNT', limit)
   else
     -- No stream ID to start from: find the millisecond holding the target ordinal by bisection
@@ -227,19 +250,19 @@ if target <= last and target >= first then
     for index = skip + 1, #found do records[#records + 1] = found[index] end
   end
 end
-return {state[1], first, last, state[4] and 1 or 0, state[3] or '', records}
+return {state[1], first, last, state[4] and 1 or 0, state[3] or '', state[5] or '', records}
 """
 )
 
-#: Returns ``{}`` or ``{length, first, last, sealed, epoch}``.
+#: Returns ``{}`` or ``{length, first, last, sealed, epoch, last digest}``.
 INFO = (
     _COMMON
     + r"""
 local meta, stream = KEYS[1], KEYS[2]
-local state = redis.call('HMGET', meta, 'e', 'l', 's')
+local state = redis.call('HMGET', meta, 'e', 'l', 's', 'h')
 if not state[1] then return {} end
 local last = tonumber(state[2])
-return {redis.call('XLEN', stream), first_ordinal(stream, last), last, state[3] and 1 or 0, state[1]}
+return {redis.call('XLEN', stream), first_ordinal(stream, last), last, state[3] and 1 or 0, state[1], state[4] or ''}
 """
 )
 

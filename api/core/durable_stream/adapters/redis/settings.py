@@ -86,6 +86,10 @@ class RedisSettings:
     ssl: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: ``redis+sentinel://``: the sentinels that name the primary.
     sentinel: SentinelSettings | None = None
+    #: Replicas that must acknowledge each append and seal (``WAIT``) before it returns (0: none).
+    wait_replicas: int = 0
+    #: How long an append waits for them; fewer by then is ``DurableStreamUnavailableError``.
+    wait_timeout_ms: int = 1000
 
     @classmethod
     def from_url(cls, url: str, options: Options) -> RedisSettings:
@@ -110,9 +114,14 @@ class RedisSettings:
             prefetch=options.pop_bool("prefetch", True),
             hint_payload_limit=options.pop_int("hint_payload_limit", 16384, minimum=0),
             ssl={name: value for name in SSL_OPTIONS if (value := options.pop_str(name)) is not None},
+            wait_replicas=options.pop_int("wait_replicas", 0, minimum=0) or 0,
+            wait_timeout_ms=options.pop_int("wait_timeout_ms", 1000, minimum=1) or 1000,
         )
         if settings.ssl and scheme not in ("rediss", "rediss+sentinel"):
             raise ValueError(f"options {', '.join(sorted(settings.ssl))} need a rediss:// URL")
+        if settings.wait_replicas and settings.cluster:
+            # WAIT counts the writes of its own connection, which redis-py's cluster client does not pin.
+            raise ValueError("option 'wait_replicas' needs one primary (redis://, rediss://, +sentinel), not a cluster")
         return settings
 
     @property

@@ -42,14 +42,18 @@ Capability card
   longer: their old cursors then fail by epoch), 100 topics per write transaction. Run it
   periodically.
 
-Schema (created idempotently on open; ``PRAGMA user_version`` = 1; any other version is refused
-rather than guessed at)::
+Schema (created idempotently on open; ``PRAGMA user_version`` = 2; a version 1 file, from before
+digests, is upgraded in place with two ``ADD COLUMN``; any other version is refused rather than
+guessed at)::
 
     topics(id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, epoch TEXT NOT NULL,
            first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, sealed INTEGER NOT NULL,
-           updated_at REAL NOT NULL)
-    records(topic_id INTEGER, seq INTEGER, created_at REAL, payload BLOB,
+           updated_at REAL NOT NULL, last_digest TEXT NOT NULL DEFAULT '')
+    records(topic_id INTEGER, seq INTEGER, created_at REAL, payload BLOB, digest TEXT NOT NULL DEFAULT '',
             PRIMARY KEY (topic_id, seq)) WITHOUT ROWID
+
+``digest`` is each record's digest in its topic's chain (``SHA1(previous digest || payload)``, 16
+hexadecimal characters), computed in the append's transaction; positions carry it.
 
 ``records`` is clustered on ``(topic_id, seq)``: a read is one range scan, a prefix trim one range
 delete, and an append one b-tree insert (no separate index to maintain). The counter row in

@@ -14,7 +14,8 @@ from typing import Final, TypeVar
 
 from ..._contract import DurableStreamError, DurableStreamUnavailableError, TopicSealedError
 from ..._cooperative import run_blocking
-from ..._driver import Batch, ChangeFeed, Position, StoredRecord, TopicHead, TopicInfo
+from ..._digest import sha1_chain
+from ..._driver import Appended, Batch, ChangeFeed, Position, Refused, StoredRecord, TopicHead, TopicInfo
 from ..._fair import FairLock, FairSemaphore
 from ..._options import Options
 from .feed import SqliteChangeFeed
@@ -24,7 +25,7 @@ __all__ = ["SqliteDriver", "open_driver"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 READER_POOL_SIZE: Final = 4
 #: Topics per write transaction in ``enforce_retention()``, so other writers get the lock in between.
 RETENTION_CHUNK: Final = 100
@@ -38,15 +39,22 @@ _SCHEMA = (
         first_seq INTEGER NOT NULL,
         last_seq INTEGER NOT NULL,
         sealed INTEGER NOT NULL,
-        updated_at REAL NOT NULL
+        updated_at REAL NOT NULL,
+        last_digest TEXT NOT NULL DEFAULT ''
     )""",
     """CREATE TABLE IF NOT EXISTS records (
         topic_id INTEGER NOT NULL,
         seq INTEGER NOT NULL,
         created_at REAL NOT NULL,
         payload BLOB NOT NULL,
+        digest TEXT NOT NULL DEFAULT '',
         PRIMARY KEY (topic_id, seq)
     ) WITHOUT ROWID""",
+)
+#: From version 1 (no digests): the records written before keep an unknown digest ('').
+_MIGRATE_FROM_1 = (
+    "ALTER TABLE topics ADD COLUMN last_digest TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE records ADD COLUMN digest TEXT NOT NULL DEFAULT ''",
 )
 
 # Creates the topic with its first record, or bumps the counter of an unsealed one. No row back
@@ -54,7 +62,7 @@ _SCHEMA = (
 _APPEND_COUNTER = """
 INSERT INTO topics (name, epoch, first_seq, last_seq, sealed, updated_at) VALUES (?, ?, 1, 1, 0, ?)
 ON CONFLICT (name) DO UPDATE SET last_seq = last_seq + 1, updated_at = excluded.updated_at WHERE sealed = 0
-RETURNING id, first_seq, last_seq
+RETURNING id, first_seq, last_seq, last_digest, epoch
 """
 _SEAL = """
 INSERT INTO topics (name, epoch, first_seq, last_seq, sealed, updated_at) VALUES (?, ?, 1, 0, 1, ?)
@@ -64,9 +72,9 @@ _CREATE = """
 INSERT INTO topics (name, epoch, first_seq, last_seq, sealed, updated_at) VALUES (?, ?, 1, 0, 0, ?)
 ON CONFLICT (name) DO NOTHING
 """
-_HEAD = "SELECT id, epoch, first_seq, last_seq, sealed FROM topics WHERE name = ?"
+_HEAD = "SELECT id, epoch, first_seq, last_seq, sealed, last_digest FROM topics WHERE name = ?"
 
-_HeadRow = tuple[int, str, int, int, int]
+_HeadRow = tuple[int, str, int, int, int, str]
 
 
 def _new_epoch() -> str:
@@ -148,6 +156,7 @@ class _ReaderPool:
 
 class SqliteDriver:
     reread_interval = REREAD_INTERVAL
+    chain = staticmethod(sha1_chain)
 
     def __init__(self, settings: SqliteSettings) -> None:
         self._settings = settings
@@ -201,11 +210,15 @@ class SqliteDriver:
         version = connection.execute("PRAGMA user_version").fetchone()[0]
         if version == SCHEMA_VERSION:
             return
-        if version != 0:
+        if version == 1:
+            statements: tuple[str, ...] = _MIGRATE_FROM_1
+        elif version == 0:
+            statements = _SCHEMA
+        else:
             raise DurableStreamUnavailableError(
                 f"SQLite database {self._settings.path!r} has schema version {version}, expected {SCHEMA_VERSION}"
             )
-        for statement in _SCHEMA:
+        for statement in statements:
             connection.execute(statement)
         connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -230,22 +243,31 @@ class SqliteDriver:
 
     # -- Driver ------------------------------------------------------------------------------
 
-    def append(self, topic: str, payload: bytes) -> None:
-        def work(connection: sqlite3.Connection) -> None:
+    def append(self, topic: str, payload: bytes, expect: Position | None = None) -> Appended | Refused:
+        def work(connection: sqlite3.Connection) -> Appended | Refused:
+            if expect is not None:
+                found: _HeadRow | None = connection.execute(_HEAD, (topic,)).fetchone()
+                if found is None and expect.ordinal != 0:
+                    return Refused(None)
+                if found is not None and (found[3], found[5]) != (expect.ordinal, expect.digest):
+                    return Refused(_to_head(found))
             now = time.time()
             # fetchall() steps the RETURNING statement to completion before the next one runs.
             rows = connection.execute(_APPEND_COUNTER, (topic, _new_epoch(), now)).fetchall()
             if not rows:
                 raise TopicSealedError(f"topic {topic!r} is sealed")
-            topic_id, first, last = rows[0]
+            topic_id, first, last, previous, epoch = rows[0]
+            digest = sha1_chain(previous, payload)
+            connection.execute("UPDATE topics SET last_digest = ? WHERE id = ?", (digest, topic_id))
             connection.execute(
-                "INSERT INTO records (topic_id, seq, created_at, payload) VALUES (?, ?, ?, ?)",
-                (topic_id, last, now, payload),
+                "INSERT INTO records (topic_id, seq, created_at, payload, digest) VALUES (?, ?, ?, ?, ?)",
+                (topic_id, last, now, payload, digest),
             )
             if self._max_records is not None and last - first + 1 > self._max_records:
                 _drop_prefix(connection, topic_id, first, last - self._max_records + 1)
+            return Appended(epoch, last, digest)
 
-        self._write("append", work)
+        return self._write("append", work)
 
     def seal(self, topic: str) -> None:
         self._write("seal", lambda c: c.execute(_SEAL, (topic, _new_epoch(), time.time())).close())
@@ -271,10 +293,11 @@ class SqliteDriver:
             if after.ordinal >= head.last or limit <= 0:
                 return Batch(head=head, records=())
             rows = connection.execute(
-                "SELECT seq, payload FROM records WHERE topic_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                "SELECT seq, payload, digest FROM records WHERE topic_id = ? AND seq > ? ORDER BY seq LIMIT ?",
                 (row[0], after.ordinal, limit),
             ).fetchall()
-            return Batch(head=head, records=[StoredRecord(seq, "", bytes(payload)) for seq, payload in rows])
+            records = [StoredRecord(seq, "", bytes(payload), digest) for seq, payload, digest in rows]
+            return Batch(head=head, records=records)
 
         return self._read("read", work)
 
@@ -282,15 +305,15 @@ class SqliteDriver:
         row: _HeadRow | None = self._read("topic_info", lambda c: c.execute(_HEAD, (topic,)).fetchone())
         if row is None:
             return None
-        _, epoch, first, last, sealed = row
-        return TopicInfo(topic, last - first + 1, first, last, bool(sealed), epoch)
+        _, epoch, first, last, sealed, digest = row
+        return TopicInfo(topic, last - first + 1, first, last, bool(sealed), epoch, digest)
 
     def trim(self, topic: str, keep_last: int) -> int:
         def work(connection: sqlite3.Connection) -> int:
             row: _HeadRow | None = connection.execute(_HEAD, (topic,)).fetchone()
             if row is None:
                 return 0
-            topic_id, _, first, last, _ = row
+            topic_id, _, first, last, _, _ = row
             return _drop_prefix(connection, topic_id, first, last - keep_last + 1)
 
         return self._write("trim", work)
@@ -405,8 +428,8 @@ class SqliteDriver:
 
 
 def _to_head(row: _HeadRow) -> TopicHead:
-    _, epoch, first, last, sealed = row
-    return TopicHead(epoch=epoch, first=first, last=last, sealed=bool(sealed))
+    _, epoch, first, last, sealed, digest = row
+    return TopicHead(epoch=epoch, first=first, last=last, sealed=bool(sealed), last_digest=digest)
 
 
 def _drop_prefix(connection: sqlite3.Connection, topic_id: int, first: int, new_first: int) -> int:
