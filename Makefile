@@ -4,16 +4,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install chromium promtool node-deps conformance-deps test-conformance lint docs test test-loaded test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
+.PHONY: install lock chromium promtool node-deps conformance-deps test-conformance lint docs test test-loaded test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
 
 install: $(STAMP)
 
 # The Python client (sdk/python) is a package of its own; the tests and the lint use it from here.
-$(STAMP): pyproject.toml sdk/python/pyproject.toml
+# The runtime dependencies at the versions of requirements.lock (the image installs the same; `make lock`
+# writes it from this environment after a deliberate upgrade).
+$(STAMP): pyproject.toml sdk/python/pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) is required"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
 	$(BIN)/python -m pip install --quiet -e sdk/python
 	@# The repository's commit-msg hook (subjects of at most 72 characters), where this is a git checkout.
 	-git rev-parse --git-dir >/dev/null 2>&1 && git config core.hooksPath tools/git-hooks
@@ -56,6 +58,10 @@ promtool:
 	@test -x $(PROMTOOL) || { echo "installing Debian's prometheus package for promtool"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 	@test -x $(PROMTOOL) || { echo "$(PROMTOOL) is still missing: install Debian's prometheus package"; exit 1; }
+
+# requirements.lock from this environment's versions of the runtime dependencies (no registry is asked).
+lock: install
+	$(BIN)/python -m tools.lock_deps
 
 lint: install
 	$(BIN)/ruff check api tests bench harness tools sdk

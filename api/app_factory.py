@@ -73,6 +73,9 @@ def create_app(config: AppConfig | None = None) -> Flask:
 
         app.register_blueprint(create_blueprint(config.DURABLE_STREAMS_GATEWAY_PREFIX))
     app.register_error_handler(Exception, http_error_response)
+    from api.extensions import ext_metrics
+
+    ext_metrics.count_requests(app)
     from api.commands import register_commands
 
     register_commands(app)

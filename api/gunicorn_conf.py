@@ -24,7 +24,10 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
   it, every connection's greenlet keeps a copy of the stack that spawned it (about nine frame records
   and their lists), long-lived objects the cyclic GC would scan for as long as the stream is open.
 - ``logger_class`` is gunicorn's logger with access lines that compute only the atoms their format
-  names (``api.gunicorn_logging``): gunicorn's own builds every atom for every request.
+  names (``api.gunicorn_logging``): gunicorn's own builds every atom for every request. The access log
+  is on (``ACCESS_LOG``), its JSON lines' fields are fields, query values and form tokens redacted.
+- What gunicorn answers itself (414 for a request line over 4,094 bytes, 400 for a malformed request)
+  is JSON like the API's errors, not gunicorn's HTML page; its control socket is one per master.
 - It looks at the oldest GC generation ten times less often than CPython's default
   (``FULL_COLLECTION_PERIOD``, ``GC_FULL_COLLECTION_PERIOD``): while thousands of clients arrive, each
   full collection stalls every stream of the worker for 100-300 ms and frees almost nothing.
@@ -49,9 +52,44 @@ from typing import Any, TypeVar
 DEFAULT_WORKER_CONNECTIONS = 10000
 
 worker_connections = int(os.environ.get("WEB_WORKER_CONNECTIONS") or DEFAULT_WORKER_CONNECTIONS)
-#: The access log (when one is asked for) without query strings or headers: ``?last_event_id=`` is a
-#: resume token, and no credential or token belongs in a log.
+#: The access log is on, on stdout (``ACCESS_LOG``: another file, or ``off``); with ``LOG_FORMAT=json`` each
+#: line is a JSON object whose fields (method, path, status, bytes, duration_ms, query) are fields of its own.
+#: No header, no query value (``?last_event_id=`` is a resume token) and no form token (a bearer capability)
+#: is written (``api.gunicorn_logging``).
+accesslog = (
+    None
+    if os.environ.get("ACCESS_LOG", "-").strip().lower() in ("", "off", "none")
+    else os.environ.get("ACCESS_LOG", "-")
+)
 access_log_format = '%(h)s "%(m)s %(U)s" %(s)s %(B)s %(M)sms'
+#: gunicorn's control socket, one per master (gunicorn's default is one path for every instance on the
+#: machine, the last one started taking it over): ``gunicornc -s <this path>``; the log says it at start.
+control_socket = os.path.join(tempfile.gettempdir(), f"api-gunicorn-{os.getpid()}", "control.ctl")
+
+#: What gunicorn answers itself, before the app (a request line too long, a malformed request or header).
+GUNICORN_ERROR_CODES = {400: "bad_request", 414: "uri_too_long", 431: "request_header_fields_too_large"}
+
+
+def write_json_error(sock: Any, status: int, reason: str, message: str) -> None:
+    """gunicorn's own error answers as the API's errors are: a JSON object with ``code``, ``message`` and
+    ``status`` (gunicorn writes an HTML page)."""
+    import json
+
+    from gunicorn import util
+
+    code = GUNICORN_ERROR_CODES.get(status, "bad_request" if status < 500 else "internal_error")
+    body = json.dumps({"code": code, "message": message, "status": status}).encode()
+    head = f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+    util.write_nonblock(sock, (head + f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body)
+
+
+def _answer_gunicorns_errors_in_json() -> None:
+    from gunicorn import util
+
+    util.write_error = write_json_error  # what gunicorn's workers call for the answers they write themselves
+
+
+_answer_gunicorns_errors_in_json()
 logger_class = "api.gunicorn_logging.AccessLogger"
 
 

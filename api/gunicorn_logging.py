@@ -15,6 +15,7 @@ Used through ``logger_class`` in ``api.gunicorn_conf``; the format is still ``ac
 from __future__ import annotations
 
 import os
+import re
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
@@ -73,7 +74,9 @@ def _sent(atoms: LazyAtoms) -> Any:
 
 def _request_line(atoms: LazyAtoms) -> str:
     environ = atoms.environ
-    return f"{environ['REQUEST_METHOD']} {environ['RAW_URI']} {environ['SERVER_PROTOCOL']}"
+    path, query = redacted_path(environ.get("PATH_INFO") or ""), environ.get("QUERY_STRING")
+    target = f"{path}?{redacted_query(query)}" if query else path
+    return f"{environ['REQUEST_METHOD']} {target} {environ['SERVER_PROTOCOL']}"
 
 
 #: gunicorn's atoms that cost next to nothing, as ``gunicorn.glogging.Logger.atoms`` defines them.
@@ -83,8 +86,8 @@ _ATOMS: dict[str, Callable[[LazyAtoms], Any]] = {
     "r": _request_line,
     "s": _status,
     "m": lambda atoms: atoms.environ.get("REQUEST_METHOD"),
-    "U": lambda atoms: atoms.environ.get("PATH_INFO"),
-    "q": lambda atoms: atoms.environ.get("QUERY_STRING"),
+    "U": lambda atoms: redacted_path(atoms.environ.get("PATH_INFO") or ""),
+    "q": lambda atoms: redacted_query(atoms.environ.get("QUERY_STRING") or ""),
     "H": lambda atoms: atoms.environ.get("SERVER_PROTOCOL"),
     "b": lambda atoms: "-" if (sent := _sent(atoms)) is None else str(sent),
     "B": _sent,
@@ -99,12 +102,17 @@ _ATOMS: dict[str, Callable[[LazyAtoms], Any]] = {
 
 
 class AccessLogger(glogging.Logger):  # type: ignore[misc]  # gunicorn is untyped
-    """gunicorn's logger; its access lines compute only the atoms their format names, and with
-    ``LOG_FORMAT=json`` (the default) its error and access lines are JSON objects like the app's."""
+    """gunicorn's logger. With ``LOG_FORMAT=json`` (the default) its error and access lines are JSON objects
+    like the app's, an access line's fields (remote, method, path, status, bytes, duration_ms, query) each a
+    field of its own, with the query's values and a form's token redacted; in text, its access lines
+    compute only the atoms their format names (and the path's form token is redacted too)."""
+
+    _json = False
 
     def setup(self, cfg: Any) -> None:
         super().setup(cfg)
-        if os.environ.get("LOG_FORMAT", "json") != "json":
+        self._json = os.environ.get("LOG_FORMAT", "json") == "json"
+        if not self._json:
             return
         from api.extensions.ext_logging import JsonFormatter
 
@@ -115,6 +123,43 @@ class AccessLogger(glogging.Logger):  # type: ignore[misc]  # gunicorn is untype
         if not self.access_log_enabled:
             return
         try:
-            self.access_log.info(self.cfg.access_log_format, LazyAtoms(self, resp, req, environ, request_time))
+            atoms = LazyAtoms(self, resp, req, environ, request_time)
+            if self._json:  # the line as its format says, and its fields as fields of their own
+                extra = access_fields(resp, environ, request_time)
+                self.access_log.info(self.cfg.access_log_format, atoms, extra=extra)
+            else:
+                self.access_log.info(self.cfg.access_log_format, atoms)
         except Exception:  # as gunicorn does: a broken format must not fail the request
             self.error(traceback.format_exc())
+
+
+#: A form's token is a bearer capability: whoever has it may answer the form. It never goes to a log.
+_FORM_TOKEN = re.compile(r"(/form/human_input/)[^/?]+")
+REDACTED = "[redacted]"
+
+
+def redacted_path(path: str) -> str:
+    return _FORM_TOKEN.sub(rf"\g<1>{REDACTED}", path)
+
+
+def redacted_query(query: str) -> str:
+    """The query's names, each value redacted (``user=…&last_event_id=…`` carry identities and resume tokens)."""
+    names = [part.split("=", 1)[0] for part in query.split("&") if part]
+    return "&".join(f"{name}={REDACTED}" for name in names)
+
+
+def access_fields(resp: Any, environ: dict[str, Any], request_time: timedelta) -> dict[str, Any]:
+    """An access line's fields, each a field of the JSON line: no header, no query value, no form token."""
+    status = resp.status
+    fields: dict[str, Any] = {
+        "remote": environ.get("REMOTE_ADDR", "-"),
+        "method": environ.get("REQUEST_METHOD"),
+        "path": redacted_path(environ.get("PATH_INFO") or ""),
+        "status": int(status.split(None, 1)[0]) if isinstance(status, str) else status,
+        "bytes": getattr(resp, "sent", None),
+        "duration_ms": round(request_time.total_seconds() * 1000, 3),
+    }
+    query = environ.get("QUERY_STRING")
+    if query:
+        fields["query"] = redacted_query(query)
+    return fields

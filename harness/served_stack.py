@@ -59,8 +59,11 @@ class GunicornServer:
         self.env = dict(env)
         self.app, self.config, self.ready_path = app, config, ready_path
         self.workers = workers
-        #: Without an access log (as bin/run and compose serve), :meth:`statuses` knows no answers.
+        #: Without an access log (``ACCESS_LOG=off``: the benchmarks measure without its cost), :meth:`statuses`
+        #: knows no answers.
         self.access_log_enabled = access_log
+        if not access_log:
+            self.env.setdefault("ACCESS_LOG", "off")
         #: More gunicorn options (they win over api/gunicorn_conf.py), e.g. ``--worker-connections``.
         self.extra_args = list(extra_args)
         self.port = free_port()

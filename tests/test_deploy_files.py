@@ -66,6 +66,12 @@ def test_every_dashboard_query_names_metrics_the_app_exports_with_their_labels()
         "workflow_event_delivery_lag_seconds_bucket",
         "durable_stream_appends_total",
         "durable_stream_unavailable_total",
+        # The API's requests (rate, 5xx share, latency), the gateway's, and whether workers consume.
+        "workflow_http_requests_total",
+        "workflow_http_request_seconds_bucket",
+        "durable_streams_gateway_requests_total",
+        "durable_streams_gateway_request_seconds_bucket",
+        "workflow_worker_heartbeats_total",
     }
     assert wanted <= used, wanted - used
     prometheus = (ROOT / "docker" / "prometheus" / "prometheus.yml").read_text()
@@ -121,7 +127,7 @@ def test_compose_sets_only_real_settings_and_its_checks_and_scrapes_match_its_bi
     api_env, worker_env = services["api"]["environment"], services["worker"]["environment"]
     api_port = api_env["API_METRICS_BIND"].rpartition(":")[2]
     worker_port = worker_env["WORKER_METRICS_BIND"].rpartition(":")[2]
-    assert f":{worker_port}/" in services["worker"]["healthcheck"]["test"][-1]
+    assert worker_port and services["worker"]["healthcheck"]["test"][-3:-1] == ["fresh", "/app/var/worker-heartbeat"]
     assert ":5001/" in services["api"]["healthcheck"]["test"][-1] and "5001:5001" in services["api"]["ports"]
     # Beat's healthcheck watches the schedule file where the app keeps it (ext_celery: VAR_DIR/...).
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
@@ -241,3 +247,65 @@ def test_metrics_bind_without_the_gunicorn_config_refuses_to_start(tmp_path: pat
     assert started.returncode != 0
     assert "python:api.gunicorn_conf" in started.stderr and "API_METRICS_BIND" in started.stderr
     assert "Traceback" not in started.stderr
+
+
+#: A version pinned to its patch release (``7.2.5``, ``v2.53.0``, ``3.11.9-slim``; PostgreSQL's are two numbers
+#: since version 10, ``15.7``), not a floating tag (``redis:7``, ``postgres:15``, ``latest``).
+PINNED = re.compile(r"^(postgres:\d+\.\d+|[\w./-]+:v?\d+\.\d+\.\d+)([-.][\w.]+)?$")
+REQUIRED = re.compile(r"^\$\{[A-Z_]+:\?[^}]+\}$")
+
+
+def test_compose_is_shipped_as_an_operator_would() -> None:
+    from api.configs.service import ServiceSettings
+    from api.gunicorn_conf import DEFAULT_WORKER_CONNECTIONS, FILES_RESERVED
+
+    text = (ROOT / "docker" / "docker-compose.yaml").read_text()
+    services = _compose()["services"]
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    images = [service["image"] for service in services.values() if "image" in service]
+    images += re.findall(r"^FROM (\S+)", dockerfile, flags=re.M)
+    assert len(images) >= 6 and all(PINNED.match(image) for image in images), images
+    for name, service in services.items():
+        assert service.get("restart") == "unless-stopped", f"{name} is not restarted when it dies"
+        for port in service.get("ports", []):
+            # Only the API is for everyone; Prometheus has no login and Grafana's is an admin's.
+            assert port == "5001:5001" or port.startswith("127.0.0.1:"), (name, port)
+    # Open files: a socket per event stream (two with the broadcast channel), plus what a process keeps.
+    connections = int(re.search(r"WEB_WORKER_CONNECTIONS:-(\d+)", text)[1])  # type: ignore[index]
+    assert connections == DEFAULT_WORKER_CONNECTIONS
+    worker_needs = ServiceSettings.model_fields["REDIS_MAX_CONNECTIONS"].default + FILES_RESERVED
+    for name, needed in (("api", 2 * connections + FILES_RESERVED), ("worker", worker_needs)):
+        limit = services[name]["ulimits"]["nofile"]
+        assert limit["soft"] == limit["hard"] >= needed, (name, limit, needed)
+    # No password is written down: each is a variable compose requires, whatever uses it.
+    assert REQUIRED.match(services["postgres"]["environment"]["POSTGRES_PASSWORD"])
+    assert REQUIRED.match(services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"])
+    assert services["grafana"]["environment"]["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    redis = services["redis"]["command"]
+    assert REQUIRED.match(redis[redis.index("--requirepass") + 1])
+    for value in services["api"]["environment"].values():
+        for secret in re.findall(r"://[^/@\s]*:([^@/\s]*)@", str(value)):
+            assert REQUIRED.match(secret), f"a literal password in {value!r}"
+    assert "postgres:postgres@" not in text and "PASSWORD: postgres" not in text
+
+
+def test_the_image_and_make_install_use_the_lock_and_the_lock_is_current() -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from tools import lock_deps
+
+    locked = {}
+    for line in lock_deps.LOCK.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            locked[name] = version
+    for requirement in lock_deps.runtime_requirements():  # pyproject's ranges admit every pin
+        name = canonicalize_name(requirement.name)
+        assert name in locked and requirement.specifier.contains(locked[name]), (requirement, locked.get(name))
+    assert lock_deps.main(["--check"]) == 0, "requirements.lock differs from this environment: `make lock`"
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    assert "pip install --no-cache-dir -r requirements.lock" in dockerfile
+    assert "pip install --no-cache-dir --no-deps ." in dockerfile
+    assert "-c requirements.lock" in (ROOT / "Makefile").read_text()
+    assert all(Requirement(f"{name}=={version}") for name, version in locked.items())

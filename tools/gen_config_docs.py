@@ -79,6 +79,7 @@ SECTIONS = (
     ("Dify's settings, under Dify's names", "api.configs.dify", "DifySettings"),
     ("The service's settings", "api.configs.service", "ServiceSettings"),
     ("Limits and revocation", "api.configs.limits", "LimitSettings"),
+    ("Crash safety, supervision and readiness", "api.configs.operations", "OperationsSettings"),
 )
 
 

@@ -1,4 +1,5 @@
-"""Every setting in one pydantic-settings model: ours (:mod:`.service`, :mod:`.limits`) and Dify's (:mod:`.dify`).
+"""Every setting in one pydantic-settings model: ours (:mod:`.service`, :mod:`.limits`, :mod:`.operations`) and
+Dify's (:mod:`.dify`).
 
 Read from the environment and an optional ``.env`` file in the working directory; an empty value
 counts as unset (Dify's ``.env.example`` leaves many settings empty). Which settings were given at
@@ -11,12 +12,13 @@ from pydantic_settings import SettingsConfigDict
 
 from .dify import DifySettings
 from .limits import LimitSettings
+from .operations import OperationsSettings
 from .service import ServiceSettings
 
 __all__ = ["Settings"]
 
 
-class Settings(ServiceSettings, DifySettings, LimitSettings):
+class Settings(ServiceSettings, DifySettings, LimitSettings, OperationsSettings):
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", env_ignore_empty=True, populate_by_name=True)
 
     def given(self, name: str) -> bool:

@@ -9,6 +9,11 @@ from flask import Flask
 
 from api.configs import AppConfig
 
+from . import filesystem_broker
+
+# ``filesystem://`` is our transport without kombu's read race, in every process that configures Celery.
+filesystem_broker.install()
+
 
 def init_app(app: Flask, config: AppConfig) -> Celery:
     """Raises:

@@ -14,19 +14,29 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from flask import Flask
 
 from api.configs import AppConfig
 from api.libs.log_context import RUN_FIELDS, RunFieldsFilter
 
-__all__ = ["CeleryTaskFields", "JsonFormatter", "TextFormatter", "init_app"]
+__all__ = ["CeleryTaskFields", "JsonFormatter", "TextFormatter", "init_app", "unraisable"]
 
 _MARK = "_api_log_handler"
 
 
+#: What every LogRecord has: anything else on a record came as ``extra=`` fields (or from a filter).
+_RECORD_ATTRIBUTES = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_SCALARS = (str, int, float, bool)
+
+
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts``, ``level``, ``logger``, ``message``, then the record's own fields
+    (the run's ids, an access line's method and status, ``extra=`` of any call) as fields of their own,
+    and ``exc`` with the traceback when there is one."""
+
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, object] = {
             "ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="milliseconds"),
@@ -34,10 +44,11 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for name in RUN_FIELDS:
-            value = getattr(record, name, None)
-            if value is not None:
-                line[name] = value
+        for name, value in record.__dict__.items():
+            # Plain values only: a library's structured extra (Celery's ``data`` holds a task's arguments,
+            # a form's answer among them) is no field of ours, and never a log's business.
+            if name not in _RECORD_ATTRIBUTES and not name.startswith("_") and isinstance(value, _SCALARS):
+                line.setdefault(name, value)
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=True, default=str)
@@ -73,6 +84,22 @@ class CeleryTaskFields(logging.Filter):
         return True
 
 
+def unraisable(info: Any, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+    """``sys.unraisablehook``: an exception nobody could catch (a ``__del__``, a weakref callback) is one log
+    record, not a plain-text traceback on stderr. One raised while the interpreter is finalizing is dropped:
+    the modules it needs are being torn down (a gevent worker's locks, at every exit), and it says nothing
+    about the app. (``_finalizing`` is bound at import: by then this module's globals may be gone.)"""
+    if _finalizing():
+        return
+    where = f" in {info.object!r}" if info.object is not None else ""
+    logging.getLogger("api.unraisable").error(
+        "an exception could not be raised%s: %s",
+        where,
+        info.err_msg or "",
+        exc_info=(info.exc_type, info.exc_value, info.exc_traceback),
+    )
+
+
 def init_app(app: Flask, config: AppConfig) -> None:
     """One handler on the root logger (replacing the one an earlier app of this process installed)."""
     root = logging.getLogger()
@@ -86,6 +113,7 @@ def init_app(app: Flask, config: AppConfig) -> None:
     handler.addFilter(CeleryTaskFields())
     root.addHandler(handler)
     logging.captureWarnings(True)  # Python's warnings (a library's, Celery's) as log records too
+    sys.unraisablehook = unraisable
     logging.getLogger("api").setLevel(config.LOG_LEVEL.upper())
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)

@@ -21,7 +21,10 @@ import pathlib
 import shutil
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Literal
+
+from flask import Flask, Response, g, request
 
 from api.configs import AppConfig, ConfigurationError
 from api.core.durable_stream import adapter_name, set_observer
@@ -35,7 +38,16 @@ logger = logging.getLogger(__name__)
 
 Role = Literal["api", "worker"]
 
-__all__ = ["Publisher", "bind_of", "metrics_dir", "prepare_directory", "process_dead", "serve", "start"]
+__all__ = [
+    "Publisher",
+    "bind_of",
+    "count_requests",
+    "metrics_dir",
+    "prepare_directory",
+    "process_dead",
+    "serve",
+    "start",
+]
 
 
 def bind_of(config: AppConfig, role: Role) -> str:
@@ -226,3 +238,25 @@ def init_worker(config: AppConfig) -> None:
     signals.worker_ready.connect(ready, weak=False)
     signals.worker_process_init.connect(child_started, weak=False)
     signals.worker_process_shutdown.connect(child_ending, weak=False)
+
+
+def count_requests(app: Flask) -> None:
+    """Count every request ``app`` answers, by method, route template and status, and time it to its
+    response's headers (``workflow_http_requests_total``, ``workflow_http_request_seconds``): into the
+    tallies only, published where the role has a bind."""
+
+    def arrived() -> None:
+        g.metrics_arrived = time.perf_counter()
+
+    def answered(response: Response) -> Response:
+        rule = request.url_rule
+        route = rule.rule if rule is not None else "unmatched"
+        metrics.HTTP_REQUESTS.tally.add((request.method, route, str(response.status_code)))
+        arrived_at = g.get("metrics_arrived")
+        if arrived_at is not None:
+            metrics.HTTP_SECONDS.tally.observe((request.method, route), time.perf_counter() - arrived_at)
+        return response
+
+    # First of the app's hooks: a hook that answers early (a refusal) stops the ones after it.
+    app.before_request_funcs.setdefault(None, []).insert(0, arrived)
+    app.after_request(answered)

@@ -2,9 +2,11 @@
 
 Code that works on a run binds its fields once (:func:`bound`: the worker's attempt, an event
 stream, a reaper's check); :class:`RunFieldsFilter` adds them to every record logged meanwhile in
-that thread or greenlet. A line logged elsewhere about a bound run (a watchdog timer, a lease
-thread, the run watcher) names the run id among its arguments: the filter finds the fields by that
-id. Fields passed as ``extra=`` win.
+that thread or greenlet. A line logged elsewhere about a run (a watchdog timer, a lease thread, the
+run watcher, a request's refusal) names the run id among its arguments: the filter finds the fields
+by that id, of a run bound now or of one of the runs this process built the fields of lately
+(:func:`fields_of` remembers them); a line of the house form ``"run %s: …"`` about a run it knows
+nothing of still gets its ``workflow_run_id``. Fields passed as ``extra=`` win.
 
 Lines never carry payloads, inputs, outputs or credentials: the fields are ids and a transport name.
 """
@@ -24,10 +26,20 @@ RUN_FIELDS = ("app_id", "task_id", "workflow_run_id", "transport")
 _current: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("run_log_fields", default=None)
 #: Fields of the runs bound in this process right now, by run id (for lines logged outside the binding).
 _by_run: dict[str, Mapping[str, str]] = {}
+#: Fields of the runs whose fields this process built lately, oldest first (at most :data:`REMEMBERED`).
+_recent: dict[str, Mapping[str, str]] = {}
+REMEMBERED = 10_000
 
 
 def fields_of(*, app_id: str, task_id: str, workflow_run_id: str, transport: str) -> dict[str, str]:
-    return {"app_id": app_id, "task_id": task_id, "workflow_run_id": workflow_run_id, "transport": transport}
+    """A run's fields, remembered for the lines about it logged outside a binding."""
+    fields = {"app_id": app_id, "task_id": task_id, "workflow_run_id": workflow_run_id, "transport": transport}
+    _recent.pop(workflow_run_id, None)
+    _recent[workflow_run_id] = fields
+    if len(_recent) > REMEMBERED:
+        with contextlib.suppress(StopIteration, RuntimeError, KeyError):  # another thread evicted it first
+            del _recent[next(iter(_recent))]
+    return fields
 
 
 @contextlib.contextmanager
@@ -53,9 +65,12 @@ class RunFieldsFilter(logging.Filter):
         if getattr(record, "workflow_run_id", None) is not None:
             return True
         fields = _current.get()
-        if fields is None and _by_run and record.args:
+        if fields is None and record.args:
             arguments = record.args.values() if isinstance(record.args, Mapping) else record.args
-            fields = next((_by_run[arg] for arg in arguments if isinstance(arg, str) and arg in _by_run), None)
+            ids = [arg for arg in arguments if isinstance(arg, str)]
+            fields = next((known[arg] for known in (_by_run, _recent) for arg in ids if arg in known), None)
+            if fields is None and ids and isinstance(record.msg, str) and record.msg.startswith("run %s"):
+                fields = {"workflow_run_id": ids[0]}
         if fields is not None:
             for name, value in fields.items():
                 setattr(record, name, value)

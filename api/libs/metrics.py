@@ -304,6 +304,15 @@ REAPS = _metric(
     "reason",
     known=_each("lease_expired", "not_started", "requeued", "end_lost"),
 )
+TASK_SENDS = _metric(
+    "workflow_task_sends_total",
+    "counter",
+    "Task messages handed to the broker by the request that queued their attempt (first) or by the "
+    "dispatcher (again: never sent, or not claimed in time), by outcome (ok, failed).",
+    "send",
+    "outcome",
+    known=(("first", "ok"), ("first", "failed"), ("again", "ok"), ("again", "failed")),
+)
 WATCHDOG_STOPS = _metric(
     "workflow_watchdog_stops_total",
     "counter",
@@ -326,6 +335,8 @@ RETENTION_SWEEPS = _metric(
 )
 
 # The Durable Streams gateway's (api/controllers/durable_streams).
+#: Exported at 0 from the start, so that the families and the dashboard's panels exist before any request.
+GATEWAY_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE")
 GATEWAY_REQUESTS = _metric(
     "durable_streams_gateway_requests_total",
     "counter",
@@ -333,6 +344,7 @@ GATEWAY_REQUESTS = _metric(
     "method",
     "status",
     roles=frozenset({API}),
+    known=tuple((method, "200") for method in GATEWAY_METHODS),
 )
 GATEWAY_SECONDS = _metric(
     "durable_streams_gateway_request_seconds",
@@ -341,6 +353,39 @@ GATEWAY_SECONDS = _metric(
     "method",
     buckets=LATENCY_BUCKETS,
     roles=frozenset({API}),
+    known=_each(*GATEWAY_METHODS),
+)
+# Every HTTP request the API answers (the Flask app's; gunicorn's own 400/414 never reach it).
+HTTP_REQUESTS = _metric(
+    "workflow_http_requests_total",
+    "counter",
+    "HTTP requests the API answered, by method, route template (e.g. /v1/workflows/run/<workflow_run_id>; "
+    "'unmatched' for no route) and status.",
+    "method",
+    "route",
+    "status",
+    roles=frozenset({API}),
+    known=(("GET", "/health/ready", "200"), ("GET", "/health/ready", "503")),
+)
+HTTP_SECONDS = _metric(
+    "workflow_http_request_seconds",
+    "histogram",
+    "Time from a request's arrival in the app to its response's headers (an event stream's body excluded), by "
+    "method and route template.",
+    "method",
+    "route",
+    buckets=LATENCY_BUCKETS,
+    roles=frozenset({API}),
+    known=(("GET", "/health/ready"),),
+)
+HEARTBEATS = _metric(
+    "workflow_worker_heartbeats_total",
+    "counter",
+    "A Celery worker's pings of its own consumer through the broker, by outcome: ok (it answered: it consumes) "
+    "or failed (no answer in time, or no broker).",
+    "outcome",
+    roles=frozenset({WORKER}),
+    known=_each("ok", "failed"),
 )
 
 METRICS: tuple[Metric, ...] = (
@@ -365,11 +410,15 @@ METRICS: tuple[Metric, ...] = (
     REPLAY_AGE,
     RUNS_FINISHED,
     REAPS,
+    TASK_SENDS,
     WATCHDOG_STOPS,
     RETENTION_REMOVED,
     RETENTION_SWEEPS,
     GATEWAY_REQUESTS,
     GATEWAY_SECONDS,
+    HTTP_REQUESTS,
+    HTTP_SECONDS,
+    HEARTBEATS,
 )
 
 _enabled = False

@@ -6,7 +6,9 @@ from .end_user import EndUser, UploadFile
 from .human_input import HumanInputForm, HumanInputFormStatus, IdempotencyKey
 from .limits import LimitCounter, LimitEvent, LimitSlot
 from .model import App, CredentialRevision
+from .outbox import TaskOutbox
 from .row_copy import RowCopy
+from .worker import WorkerHeartbeat
 from .workflow import WorkflowRun, WorkflowRunStatus
 
 __all__ = [
@@ -20,7 +22,9 @@ __all__ = [
     "LimitEvent",
     "LimitSlot",
     "RowCopy",
+    "TaskOutbox",
     "UploadFile",
+    "WorkerHeartbeat",
     "WorkflowRun",
     "WorkflowRunStatus",
 ]

@@ -13,17 +13,18 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Update, select
 
 from api.core.app.apps import form_store, run_store
 from api.core.workflow import Graph
 from api.core.workflow.forms import InvalidSubmissionError, check_submission, fields_of
 from api.core.workflow.graph import Node
+from api.libs import log_context
 from api.libs.errors import ConflictError, InvalidParamError, NotFoundError, PreconditionFailedError
 from api.models import App, HumanInputForm, HumanInputFormStatus, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
-from . import file_service
+from . import file_service, run_recovery
 from . import workflow_run_service as runs
 from .validation import could_be_credential, require_user
 
@@ -103,7 +104,6 @@ def submit(app: App, token: str, payload: Any, *, user: str | None = None) -> Wo
         NotFoundError: (404 ``not_found``) no such form of this app (with ``STRICT_END_USER_ACCESS``,
             of this end user's runs: otherwise any end user of the app may answer, the first answer wins).
         PreconditionFailedError: (412) the form was already submitted, or expired.
-        ServiceUnavailableError: (503) the task queue is unavailable (the run then fails).
     """
     if not isinstance(payload, Mapping):
         raise InvalidParamError("the request body must be a JSON object")
@@ -131,14 +131,22 @@ def answer(
     except InvalidSubmissionError as exc:
         raise InvalidParamError(str(exc), code="invalid_form_data") from exc
     _await_pause(app, form, run)
-    if not form_store.submit(form.id, action):
+    submission = {"kind": "submission", "inputs": declared(node, inputs), "action": action}
+    # The answer, the run's resumption and its task message: one transaction, all or nothing.
+    if not _resume(run, submission, form_store.submit_statement(form.id, action)):
         db.session.refresh(form)
         db.session.refresh(run)
-        _check_open(app, form, run)  # raises: someone else answered it, or its time is up
-        raise _submitted()
-    _resume(run, {"kind": "submission", "inputs": dict(inputs), "action": action})
-    logger.info("run %s: form %s submitted (%s)", run.id, form.id, action)
+        _check_open(app, form, run)  # raises: someone else answered it, its time is up, or the run ended
+        raise _submitted() if form.status == HumanInputFormStatus.SUBMITTED.value else _expired()
+    with log_context.bound(run_recovery.run_log_fields(app, run)):
+        logger.info("run %s: form %s submitted (%s)", run.id, form.id, action)
     return run
+
+
+def declared(node: Node, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The submission's values of the form's own fields: nothing undeclared travels in the run's task message."""
+    names = {field.name for field in fields_of(node)}
+    return {name: value for name, value in inputs.items() if name in names}
 
 
 def _resolved_files(app: App, node: Node, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -190,10 +198,8 @@ def submit_by_run(app: App, run_id: str, payload: Any) -> WorkflowRun:
             check_submission(node, inputs, action)
         except InvalidSubmissionError as exc:
             raise InvalidParamError(str(exc)) from exc
-        try:
-            _resume(run, {"kind": "submission", "inputs": dict(inputs), "action": action})
-        except PreconditionFailedError as exc:
-            raise ConflictError("the run was resumed or stopped concurrently", code="workflow_not_paused") from exc
+        if not _resume(run, {"kind": "submission", "inputs": declared(node, inputs), "action": action}):
+            raise ConflictError("the run was resumed or stopped concurrently", code="workflow_not_paused")
         return run
     try:
         return answer(app, form, run, inputs, action)
@@ -225,27 +231,28 @@ def _await_pause(app: App, form: HumanInputForm, run: WorkflowRun) -> None:
         raise ConflictError(f"the run is {run.status}, not paused", code="workflow_not_paused")
 
 
-def _resume(run: WorkflowRun, submission: dict[str, Any]) -> None:
-    if run_store.resume(run.id, submission) is None:  # stopped (or expired) between the checks and now
-        raise _expired()
+def _resume(run: WorkflowRun, submission: dict[str, Any], answer: Update | None = None) -> bool:
+    """Resume a paused run with ``submission`` (with ``answer``: only if that form update wins too) and
+    send its task message; ``False`` when the run was not paused any more (stopped, resumed, expired)."""
+    grace = runs.dispatch_grace()
+    if run_store.resume(run.id, submission, send_after=grace, answer=answer) is None:
+        return False
     db.session.refresh(run)
-    runs.dispatch(run, resume_form=submission)
+    runs.dispatch(run, resume_form=submission)  # a broker that is away leaves it to the dispatcher
     db.session.refresh(run)
+    return True
 
 
 def expire(app: App, form_id: str, run: WorkflowRun) -> bool:
     """End a form whose time is up and resume its run with the timeout; ``False`` if someone else did."""
-    if not form_store.expire(form_id):
-        return False
     db.session.refresh(run)
-    if run.status != WorkflowRunStatus.PAUSED.value:
+    if run.status == WorkflowRunStatus.PAUSED.value and _resume(
+        run, {"kind": "timeout"}, form_store.expire_statement(form_id)
+    ):
+        with log_context.bound(run_recovery.run_log_fields(app, run)):
+            logger.info("run %s: form %s expired; the run resumes with the timeout", run.id, form_id)
         return True
-    try:
-        _resume(run, {"kind": "timeout"})
-    except PreconditionFailedError:
-        return True
-    logger.info("run %s: form %s expired; the run resumes with the timeout", run.id, form_id)
-    return True
+    return form_store.expire(form_id)  # nothing to resume (or it lost its race): the form alone
 
 
 def expire_overdue() -> int:
@@ -259,7 +266,7 @@ def expire_overdue() -> int:
         try:
             if expire(app, form_id, run):
                 expired += 1
-        except Exception:  # the queue is away: the run failed (dispatch ends it); go on with the others
+        except Exception:  # the database failed mid-way: the next sweep tries again; go on with the others
             logger.exception("run %s: could not resume after form %s expired", run_id, form_id)
     return expired
 

@@ -14,7 +14,6 @@ topic's end is written by :func:`~api.core.app.apps.run_end.write_end`, which is
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from typing import Any
@@ -57,7 +56,7 @@ class ReapReport:
     def __str__(self) -> str:
         return (
             f"{self.lease_expired} run(s) with an expired lease and {self.not_started} never started "
-            f"ended; {self.ends_written} pending end(s) written; {self.requeued} lost task(s) queued again"
+            f"ended; {self.ends_written} pending end(s) written; {self.requeued} task message(s) sent again"
         )
 
     def __bool__(self) -> bool:
@@ -105,7 +104,7 @@ def check_run(app: App, run: WorkflowRun) -> bool:
     """
     with log_context.bound(run_log_fields(app, run)):
         failed = check_lease(app, run) or check_start_deadline(app, run)
-        requeued = not failed and check_queued(app, run)
+        requeued = not failed and check_queued(run)
         return repair_end(app, run) or failed or requeued
 
 
@@ -257,24 +256,13 @@ def check_start_deadline(app: App, run: WorkflowRun) -> bool:
     return True
 
 
-def check_queued(app: App, run: WorkflowRun) -> bool:
-    """Queue again a run's current attempt whose task message never reached the broker (its API process
-    died between committing the run and queueing it). A duplicate message is harmless: one claim wins."""
-    grace = _config().WORKFLOW_DISPATCH_GRACE
-    if run.status != WorkflowRunStatus.RUNNING.value or run.attempt_started_at is not None or run.queued_at:
+def check_queued(run: WorkflowRun) -> bool:
+    """Send again the task message of a run's current attempt that no worker claimed in time, or that
+    never reached the broker (see :mod:`api.services.task_queue`). A duplicate is harmless: one claim wins."""
+    if run.status != WorkflowRunStatus.RUNNING.value or run.attempt_started_at is not None:
         return False
-    if run.attempt_id is None or run.dispatched_at is None or run.dispatched_at >= time.time() - grace:
+    if not task_queue.redispatch(run):
         return False
-    if not run_store.claim_requeue(run.id, run.attempt_id, grace):
-        return False
-    try:
-        task_queue.send_task(run, None if run.resume_json is None else json.loads(run.resume_json))
-    except Exception:  # the broker is away: the next check tries again, the start deadline still holds
-        logger.warning("run %s: could not queue its lost task again", run.id, exc_info=True)
-        run_store.release_requeue(run.id, run.attempt_id)
-        return False
-    metrics.REAPS.tally.add(("requeued",))
-    logger.warning("run %s: its task message never reached the broker; queued it again", run.id)
     db.session.refresh(run)
     return True
 
@@ -311,8 +299,8 @@ def repair_end(app: App, run: WorkflowRun) -> bool:
 
 
 def reap() -> ReapReport:
-    """One sweep over every run that needs a check (see :func:`check_run`), also a task message lost
-    before it reached the broker (:func:`check_queued`)."""
+    """One sweep over every run that needs a check (see :func:`check_run`), then over the task outbox:
+    every message never sent or not claimed in time is sent again (:func:`task_queue.dispatch_due`)."""
     now = time.time()
     timeout = _config().WORKFLOW_START_TIMEOUT
     running = WorkflowRun.status == WorkflowRunStatus.RUNNING.value
@@ -328,14 +316,6 @@ def reap() -> ReapReport:
         overdue.append(
             and_(running, WorkflowRun.attempt_started_at.is_(None), WorkflowRun.dispatched_at < now - timeout)
         )
-    overdue.append(
-        and_(
-            running,
-            WorkflowRun.attempt_started_at.is_(None),
-            WorkflowRun.queued_at.is_(None),
-            WorkflowRun.dispatched_at < now - _config().WORKFLOW_DISPATCH_GRACE,
-        )
-    )
     rows = db.session.execute(
         select(WorkflowRun, App).join(App, App.id == WorkflowRun.app_id).where(or_(*overdue))
     ).all()
@@ -349,10 +329,9 @@ def reap() -> ReapReport:
                     report.not_started += 1
                 elif repair_end(app, run):
                     report.ends_written += 1
-                elif check_queued(app, run):
-                    report.requeued += 1
         except Exception:  # one run's trouble must not stop the sweep
             logger.exception("reaper: could not check run %s", run.id)
             db.session.rollback()
     db.session.commit()  # end the read transaction: the next sweep must see fresh rows
+    report.requeued = task_queue.dispatch_due().sent
     return report

@@ -12,7 +12,7 @@ from flask import current_app
 from sqlalchemy import or_, select
 
 from api.configs import AppConfig
-from api.core.app.apps import form_store, run_store
+from api.core.app.apps import run_store, task_outbox
 from api.core.app.apps.event_codec import event_name
 from api.core.app.apps.message_generator import MessageGenerator, StartAt
 from api.core.app.apps.topics import workflow_run_topic
@@ -29,7 +29,7 @@ from api.libs.errors import (
     RunWaitTimeoutError,
     ServiceUnavailableError,
 )
-from api.models import App, WorkflowRun, WorkflowRunStatus
+from api.models import App, TaskOutbox, WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
 from . import end_user_service, file_service, limits, run_recovery, task_queue
@@ -95,21 +95,32 @@ def _file_input(app: App, variable: Mapping[str, Any], value: Any) -> Any:
 
 
 def new_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
-    """A run row, added to the session but not committed.
+    """A run row and its first attempt's task message in the outbox, added to the session but not
+    committed: the commit that accepts the run records the message too (``api.services.task_queue``).
 
     Raises:
         TooManyRequestsError: (429) the app has ``APP_MAX_ACTIVE_REQUESTS`` runs active (``limits``).
     """
     limits.check_active_runs(app)
+    now = time.time()
     run = WorkflowRun(
         app_id=app.id,
         end_user=user,
         inputs_json=json.dumps(inputs),
         attempt_id=run_store.new_attempt_id(),
-        dispatched_at=time.time(),
+        dispatched_at=now,
     )
     db.session.add(run)
+    db.session.flush()  # the run's ids; the message's row refers to it
+    run_recovery.run_log_fields(app, run)  # (remembered: lines about the run carry its ids from here on)
+    assert run.attempt_id is not None
+    db.session.add(TaskOutbox(**task_outbox.values(run.id, run.attempt_id, None, now + dispatch_grace())))
     return run
+
+
+def dispatch_grace() -> float:
+    """Seconds a queued attempt's message waits for its request to send it before the dispatcher may."""
+    return _config().WORKFLOW_DISPATCH_GRACE
 
 
 def create_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
@@ -119,18 +130,12 @@ def create_run(app: App, inputs: dict[str, Any], user: str) -> WorkflowRun:
 
 
 def dispatch(run: WorkflowRun, resume_form: Mapping[str, Any] | None = None) -> None:
-    """Queue the run's current execution attempt on this app's Celery instance.
+    """Send the task message of the run's current attempt, recorded in the outbox with the attempt.
 
-    A run that cannot be queued fails at once (and its topic ends), so no reader waits for it.
+    The action that queued the attempt is already accepted: a broker that cannot take the message now
+    leaves it to the dispatcher, which sends it when the broker answers (within the start deadline).
     """
-    try:
-        task_queue.send_task(run, resume_form)
-    except Exception as exc:  # the broker is the only thing that can fail here
-        logger.warning("run %s: could not queue its task: %s", run.id, exc)
-        abandon(run, "could not dispatch the run")
-        raise ServiceUnavailableError(
-            "the task queue is unavailable; try again shortly", code="queue_unavailable"
-        ) from exc
+    task_queue.send_now(run, resume_form)
 
 
 def abandon(run: WorkflowRun, error: str) -> None:
@@ -323,7 +328,8 @@ def stop_run(app: App, task_id: str, user: str, *, own_runs_only: bool = False) 
     """Stop the app's run of ``task_id``, whoever of the app's end users asks (Dify: "the stop applies to
     the task regardless of ``user``"). An unknown or finished task is a success too, as Dify answers it.
     With ``own_runs_only`` (the web app, whose end users are its visitors) or ``STRICT_END_USER_ACCESS``,
-    only ``user``'s own runs. Idempotent; a paused run is ended here, a running one by its worker.
+    only ``user``'s own runs. Idempotent; a paused run, or one whose attempt no worker has claimed yet, is
+    ended here; a running one by its worker.
 
     Raises:
         NotFoundError: (404 ``not_found``) only the user's own runs may be stopped, and this is none.
@@ -340,10 +346,9 @@ def stop_run(app: App, task_id: str, user: str, *, own_runs_only: bool = False) 
     assert run is not None
     if run.run_status.is_terminal:
         return
-    run_store.request_stop(run.id)
-    if run.status == WorkflowRunStatus.PAUSED.value and run_store.finish(
-        run.id, "stopped", outputs=None, error="stopped by user", steps=run.total_steps, expected="paused"
-    ):
-        form_store.close_run_forms(run.id)
+    # The flag and, for a run no worker executes (paused, or queued and not yet claimed), its end: one
+    # transaction, so that the stop is whole whatever dies next. Its topic's end follows (or the reaper's).
+    if run_store.stop(run.id, "stopped by user", run.total_steps) is not None:
         db.session.refresh(run)
+        logger.info("run %s: stopped while no worker executed it", run.id)
         run_recovery.repair_end(app, run)  # a failure leaves the end pending for the reaper

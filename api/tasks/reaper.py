@@ -4,7 +4,8 @@ is gone (and, in the Celery workers, applies retention).
 Each sweep (every ``WORKFLOW_REAPER_INTERVAL`` seconds, with jitter so that several workers spread
 out) fails runs whose lease expired or whose queued attempt was never started, and writes the
 pending ends of terminal runs (:func:`api.services.run_recovery.reap`); it also expires human-input
-forms whose time is up (their runs resume with the timeout) and forgets old idempotency keys. Every
+forms whose time is up (their runs resume with the timeout), forgets old idempotency keys and the
+heartbeats of workers gone for a day, and sends the task outbox's due messages (``task_queue``). Every
 ``DURABLE_STREAM_RETENTION_INTERVAL`` seconds it also calls the stream store's
 ``enforce_retention()``. Sweeps from several workers at once are harmless: every change they make
 is a conditional update that one of them wins.
@@ -21,11 +22,14 @@ from flask import Flask
 
 from api.configs import AppConfig
 from api.models.engine import db
-from api.services import human_input_service, idempotency
+from api.services import human_input_service, idempotency, worker_heartbeats
 from api.services.retention import enforce_retention
 from api.services.run_recovery import reap
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a worker's last heartbeat is kept after it stopped beating (a replaced container's node name).
+HEARTBEAT_MEMORY = 24 * 3600.0
 
 
 class Reaper:
@@ -86,8 +90,9 @@ class Reaper:
             if expired:
                 logger.warning("reaper: %d human-input form(s) expired", expired)
             idempotency.purge_expired()
+            worker_heartbeats.forget_older_than(time.time() - HEARTBEAT_MEMORY)
         except Exception:
-            logger.exception("reaper: the sweep of forms and idempotency keys failed")
+            logger.exception("reaper: the sweep of forms, idempotency keys and heartbeats failed")
         finally:
             db.session.remove()
 

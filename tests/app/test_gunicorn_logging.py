@@ -57,12 +57,20 @@ def _line(logger_class: type[glogging.Logger], directory: pathlib.Path, fmt: str
     return path.read_text()
 
 
+def _redacted(request: tuple[Any, Any, dict[str, Any], timedelta]) -> tuple[Any, Any, dict[str, Any], timedelta]:
+    """What gunicorn's own logger would write had the query's values been redacted before it."""
+    resp, req, environ, took = request
+    query = "&".join(f"{part.split('=')[0]}=[redacted]" for part in environ["QUERY_STRING"].split("&"))
+    return resp, req, {**environ, "QUERY_STRING": query, "RAW_URI": f"{environ['PATH_INFO']}?{query}"}, took
+
+
 @pytest.mark.parametrize("fmt", [EVERY_ATOM, HEADERS_AND_ENVIRON, '%(h)s "%(m)s %(U)s" %(s)s %(B)s %(M)sms'])
-def test_access_lines_are_gunicorns(tmp_path: pathlib.Path, fmt: str) -> None:
+def test_access_lines_are_gunicorns_with_the_query_redacted(tmp_path: pathlib.Path, fmt: str) -> None:
     request = _request()
     ours = _line(AccessLogger, tmp_path, fmt, request)
-    assert ours == _line(glogging.Logger, tmp_path, fmt, request)
+    assert ours == _line(glogging.Logger, tmp_path, fmt, _redacted(request))
     assert ours.count("\n") == 1 and '\\"' in ours  # quotes escaped, as gunicorn does
+    assert "user=u" not in ours
 
 
 def test_the_time_atom_and_a_status_given_as_a_number(tmp_path: pathlib.Path) -> None:
@@ -82,8 +90,30 @@ def test_with_json_logs_an_access_line_is_a_json_object_around_gunicorns(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     request = _request()
-    plain = _line(glogging.Logger, tmp_path, EVERY_ATOM, request)
+    plain = _line(glogging.Logger, tmp_path, EVERY_ATOM, _redacted(request))
     monkeypatch.setenv("LOG_FORMAT", "json")
     line = json.loads(_line(AccessLogger, tmp_path, EVERY_ATOM, request))
     assert line["logger"] == "gunicorn.access" and line["level"] == "INFO"
     assert line["message"] == plain.rstrip("\n")
+
+
+def test_a_json_access_line_has_its_fields_as_fields_and_never_a_form_token(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOG_FORMAT", "json")
+    resp, req, environ, took = _request("/v1/form/human_input/secret-form-token")
+    environ["QUERY_STRING"] = "user=someone&last_event_id=a-resume-token"
+    raw = _line(AccessLogger, tmp_path, '%(h)s "%(r)s" %(s)s', (resp, req, environ, took))
+    line = json.loads(raw)
+    assert {key: line[key] for key in ("method", "path", "status", "bytes", "remote")} == {
+        "method": "GET",
+        "path": "/v1/form/human_input/[redacted]",
+        "status": 200,
+        "bytes": 1234,
+        "remote": "127.0.0.1",
+    }
+    assert line["duration_ms"] == 2345.678 and line["query"] == "user=[redacted]&last_event_id=[redacted]"
+    assert "secret-form-token" not in raw and "a-resume-token" not in raw and "someone" not in raw
+    monkeypatch.setenv("LOG_FORMAT", "text")
+    text = _line(AccessLogger, tmp_path, "%(U)s %(r)s %(q)s", (resp, req, environ, took))
+    assert "secret-form-token" not in text and "a-resume-token" not in text

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import pathlib
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +20,7 @@ from api.core.app.apps.topics import workflow_run_topic
 from api.extensions.ext_durable_stream import durable_stream
 from harness.app_env import base_env
 from harness.processes import ROOT, Worker, free_port
-from harness.served_stack import ServedStack
+from harness.served_stack import GunicornServer, ServedStack
 from harness.sse import parse_sse
 from harness.sse_client import read_run
 from harness.waiting import wait_until
@@ -237,3 +239,71 @@ def test_a_prefork_worker_serves_what_its_pool_processes_count(tmp_path: pathlib
         # Files per process (counter_<pid>.db, …): the runs were counted by pool children.
         writers = {int(path.stem.rpartition("_")[2]) for path in (tmp_path / "metrics" / "worker").glob("*.db")}
         assert writers - {served.celery[-1].process.pid}, f"only the main process wrote metrics: {writers}"
+
+
+def test_api_requests_are_counted_by_route_and_status_and_every_family_is_there_from_the_start(
+    stack: tuple[ServedStack, Scraper, Scraper],
+) -> None:
+    served, api, worker = stack
+    url = served.urls[0]
+    # Families a dashboard panel or an alert reads exist at 0 before anything happened to them.
+    assert api.has("durable_streams_gateway_requests_total", method="GET", status="200")
+    assert api.has("durable_streams_gateway_request_seconds_bucket", method="PUT")
+    assert worker.has("workflow_worker_heartbeats_total", outcome="failed")
+    assert api.has("workflow_task_sends_total", send="again", outcome="ok")
+    key = served.create_app(GREETING)
+    _stream(url, key)
+    assert requests.get(f"{url}/no/such/route", timeout=5).status_code == 404
+    route = {"method": "POST", "route": "/v1/workflows/run", "status": "200"}
+    api.wait_for("workflow_http_requests_total", 1, **route)
+    api.wait_for("workflow_http_requests_total", 1, method="GET", route="unmatched", status="404")
+    api.wait_for("workflow_http_request_seconds_count", 1, method="POST", route="/v1/workflows/run")
+    api.wait_for("workflow_task_sends_total", 1, send="first", outcome="ok")
+    # The worker's consumer answers its own pings: it consumes.
+    worker.wait_for("workflow_worker_heartbeats_total", 1, outcome="ok")
+
+
+def test_a_gunicorn_worker_that_exits_writes_one_json_line(tmp_path: pathlib.Path) -> None:
+    env = base_env(tmp_path, LOG_FORMAT="json")
+    with GunicornServer(env, tmp_path, workers=1) as server:
+        assert requests.get(f"{server.url}/health/live", timeout=5).status_code == 200
+        first = server.worker_pids()
+        os.kill(first[0], signal.SIGTERM)  # its master starts another
+        wait_until(lambda: server.worker_pids() and server.worker_pids() != first, 30, "a new worker")
+        wait_until(lambda: requests_ok(f"{server.url}/health/live"), 30, "the new worker to answer")
+    lines = server.log_path.read_text(errors="replace").splitlines()
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            raise AssertionError(f"a line that is not JSON: {line!r}\n" + "\n".join(lines[-20:])) from None
+    exits = [record for record in records if record["message"].startswith("Worker exiting")]
+    assert len(exits) == 2, "one line for the replaced worker's exit, one for its successor's at the stop"
+
+
+def requests_ok(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except (requests.ConnectionError, requests.Timeout):
+        return False
+
+
+def test_a_forms_answer_and_token_never_reach_a_log(stack: tuple[ServedStack, Scraper, Scraper]) -> None:
+    served, _, _ = stack
+    url = served.urls[0]
+    key = served.create_app(GREETING)
+    auth = {"Authorization": f"Bearer {key}"}
+    body = {"inputs": {"name": "Ada", "mood": "formal"}, "user": "u1", "response_mode": "blocking"}
+    paused = requests.post(f"{url}/v1/workflows/run", json=body, headers=auth, timeout=60).json()
+    token = paused["data"]["reasons"][0]["form_token"]
+    secret = "Qx-answer-5519"
+    answer = {"inputs": {"approved": "true", "note": secret}, "action": "submit", "user": "u1"}
+    assert requests.post(f"{url}/v1/form/human_input/{token}", json=answer, headers=auth, timeout=30).ok
+    run_id = paused["workflow_run_id"]
+    done = f"run {run_id}: attempt ended"
+    wait_until(lambda: done in served.celery[0].log_path.read_text(errors="replace").replace('"', ""), 30, "the end")
+    logs = [served.celery[0].log_path, served.servers[0].log_path, served.servers[0].access_log]
+    everything = "".join(path.read_text(errors="replace") for path in logs)
+    assert "resume_app_execution" in everything, "the worker logged the resume task it received"
+    assert secret not in everything and token not in everything

@@ -203,3 +203,51 @@ def test_a_token_that_begins_with_a_dash_is_read_as_the_token() -> None:
     for argv in (shown, submitted):
         status, _, err = dwe(*argv)
         assert status == 5, err  # reached the request (and found no server), not a usage error
+
+
+def test_a_malformed_base_url_is_a_usage_error_without_a_single_attempt() -> None:
+    for url in ("htp://127.0.0.1:5001", "127.0.0.1:5001", "http://", "http://127.0.0.1:port", "not a url"):
+        began = time.monotonic()
+        status, _, err = dwe("run", "--base-url", url, "--app-key", "app-x", "--retry-delay", "5")
+        # A retry would have waited at least --retry-delay: there was none.
+        assert status == 2 and time.monotonic() - began < 5, (url, status, err)
+        assert "--base-url" in err and "attempt" not in err, err
+
+
+def test_a_server_that_never_answers_is_given_up_within_the_read_timeouts() -> None:
+    import socket
+
+    held: list[socket.socket] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def accept_and_say_nothing() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept_and_say_nothing, daemon=True)
+    thread.start()
+    read_timeout, attempts = 1.0, 3
+    try:
+        began = time.monotonic()
+        status, _, err = dwe(
+            "run", "--base-url", f"http://127.0.0.1:{listener.getsockname()[1]}", "--app-key", "app-x",
+            "--read-timeout", str(read_timeout), "--max-attempts", str(attempts), "--max-retry-delay", "0.5",
+        )  # fmt: skip
+        took = time.monotonic() - began
+    finally:
+        stop.set()
+        thread.join()
+        for connection in held:
+            connection.close()
+        listener.close()
+    assert status == 5 and f"gave up after {attempts} failed attempts" in err, err
+    assert took < attempts * read_timeout + (attempts - 1) * 0.5 + 2, took
+    # With the defaults the budget ends before a second read timeout does: two waits at most (about 30 s).
+    from durable_workflow_client.cli.main import CLI_MAX_ELAPSED, CLI_READ_TIMEOUT
+
+    assert CLI_MAX_ELAPSED < CLI_READ_TIMEOUT <= 15

@@ -111,9 +111,19 @@ def _serve(path: str) -> Response:
         failure = unavailable()
         response = _text(failure.status, failure.message, failure.headers)
     if response.status_code >= 500 or response.status_code in (401, 403):
-        logger.info("durable streams gateway: %s %s -> %s", method, path, response.status_code)
+        fields = {"method": method, "path": path, "status": response.status_code, **_run_of(path)}
+        logger.info("durable streams gateway: %s %s -> %s", method, path, response.status_code, extra=fields)
     _observe(method, response.status_code, time.perf_counter() - started)
     return response
+
+
+def _run_of(path: str) -> dict[str, str]:
+    """The run a gateway path is about (``/runs/<run id>``), as a log line's field."""
+    rooted = "/" + path.lstrip("/")
+    if not rooted.startswith(access.RUNS_PREFIX):
+        return {}
+    run_id = rooted[len(access.RUNS_PREFIX) :].split("/", 1)[0]
+    return {"workflow_run_id": run_id} if run_id else {}
 
 
 def _observe(method: str, status: int, seconds: float) -> None:

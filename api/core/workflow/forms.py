@@ -204,11 +204,18 @@ def check_file(name: str, value: Any, field: FieldSpec) -> dict[str, Any]:
     return dict(value)
 
 
+#: The longest text a form field takes, in characters: an answer travels in the run's task message and its
+#: events, and a form is for a person's answer, not a document (files are uploads).
+MAX_FIELD_TEXT = 65_536
+
+
 def _check_value(field: FieldSpec, value: Any, form: Mapping[str, Any]) -> Any:
     name = field.name
     if field.kind == "paragraph":
         if not isinstance(value, str):
             raise InvalidSubmissionError(f"form field {name!r} must be text")
+        if len(value) > MAX_FIELD_TEXT:
+            raise InvalidSubmissionError(f"form field {name!r} is longer than {MAX_FIELD_TEXT} characters")
         return value
     if field.kind == "select":
         options = _shown_options(form, name)
@@ -234,8 +241,8 @@ def check_submission(
     ``form`` is the form as it was shown (its options and defaults resolved then).
 
     Raises:
-        InvalidSubmissionError: A required field is missing, a value has the wrong type, or the action is
-            not one of the form's.
+        InvalidSubmissionError: A required field is missing, a value has the wrong type or is too long, or the
+            action is not one of the form's.
     """
     shown = form or {}
     actions = actions_of(node)

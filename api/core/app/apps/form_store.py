@@ -43,38 +43,47 @@ def open_form(app_id: str, run_id: str, form: Mapping[str, Any]) -> None:
         )
 
 
-def _answer(form_id: str, status: HumanInputFormStatus, *conditions: Any, action_id: str | None = None) -> bool:
-    statement = (
+def _answer(form_id: str, status: HumanInputFormStatus, *conditions: Any, action_id: str | None = None) -> Update:
+    return (
         update(HumanInputForm)
         .where(HumanInputForm.id == form_id, HumanInputForm.status == WAITING, *conditions)
         .values(status=status.value, action_id=action_id, answered_at=datetime.datetime.now(datetime.UTC))
     )
-    return _execute(statement) == 1
 
 
-def submit(form_id: str, action_id: str) -> bool:
-    """Take a waiting form's answer (only one submission wins, and none after it expired)."""
+def submit_statement(form_id: str, action_id: str) -> Update:
+    """Take a waiting form's answer (only one submission wins, and none after it expired): for the
+    transaction that resumes its run with it (``run_store.resume``)."""
     return _answer(
         form_id, HumanInputFormStatus.SUBMITTED, HumanInputForm.expires_at > time.time(), action_id=action_id
     )
 
 
-def expire(form_id: str) -> bool:
-    """End a waiting form whose time is up; whoever wins resumes its run with the timeout."""
+def expire_statement(form_id: str) -> Update:
+    """End a waiting form whose time is up: for the transaction that resumes its run with the timeout."""
     return _answer(form_id, HumanInputFormStatus.EXPIRED, HumanInputForm.expires_at <= time.time())
+
+
+def expire(form_id: str) -> bool:
+    """End a waiting form whose time is up, whose run is not paused (nothing to resume)."""
+    return _execute(expire_statement(form_id)) == 1
 
 
 def close(form_id: str) -> bool:
     """End a waiting form whose run ended another way (stopped) or could not be resumed."""
-    return _answer(form_id, HumanInputFormStatus.CLOSED)
+    return _execute(_answer(form_id, HumanInputFormStatus.CLOSED)) == 1
 
 
-def close_run_forms(run_id: str) -> None:
-    _execute(
+def close_run_forms_statement(run_id: str) -> Update:
+    return (
         update(HumanInputForm)
         .where(HumanInputForm.run_id == run_id, HumanInputForm.status == WAITING)
         .values(status=HumanInputFormStatus.CLOSED.value, answered_at=datetime.datetime.now(datetime.UTC))
     )
+
+
+def close_run_forms(run_id: str) -> None:
+    _execute(close_run_forms_statement(run_id))
 
 
 def overdue(limit: int = 100) -> list[tuple[str, str]]:

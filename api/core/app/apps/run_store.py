@@ -10,7 +10,8 @@ The columns that keep a run alive, whatever dies:
 - ``attempt_id`` / ``dispatched_at`` / ``queued_at`` / ``attempt_started_at``: the attempt queued
   last, when its run committed it, whether its message reached the broker, and whether a worker
   claimed it. Only the first delivery of the current attempt runs; a run whose
-  attempt was not claimed within the start deadline fails.
+  attempt was not claimed within the start deadline fails. The attempt's message waits in the task
+  outbox (``task_outbox``) from the transaction that queues the attempt to the one that claims it.
 - ``lease_expires_at``: renewed by the worker while its attempt runs; an expired lease fails the run.
 - ``stream_ended`` / ``stream_repair_after``: whether the topic carries the run's end; a terminal
   run without it is "end pending" and is repaired (not before ``stream_repair_after``).
@@ -31,6 +32,8 @@ from api.libs import metrics
 from api.models import WorkflowRun, WorkflowRunStatus
 from api.models.engine import db
 
+from . import form_store, task_outbox
+
 RUNNING = WorkflowRunStatus.RUNNING.value
 PAUSED = WorkflowRunStatus.PAUSED.value
 FAILED = WorkflowRunStatus.FAILED.value
@@ -48,6 +51,28 @@ def new_attempt_id() -> str:
 
 def request_stop(run_id: str) -> None:
     _execute(update(WorkflowRun).where(WorkflowRun.id == run_id).values(stop_requested=True))
+
+
+def stop(run_id: str, error: str, steps: int) -> str | None:
+    """A user's stop, in one transaction: the stop flag, and the end of a run no worker is executing
+    (paused: its open forms close; queued and not yet claimed: its message is forgotten). Returns the
+    status the stop ended the run from, or ``None`` when a worker's attempt ends it at its next check
+    (or the run had ended). A process that dies after it leaves nothing half done.
+    """
+    with db.engine.begin() as connection:
+        connection.execute(update(WorkflowRun).where(WorkflowRun.id == run_id).values(stop_requested=True))
+        for expected, *conditions in ((PAUSED,), (RUNNING, WorkflowRun.attempt_started_at.is_(None))):
+            statement = (
+                update(WorkflowRun)
+                .where(WorkflowRun.id == run_id, WorkflowRun.status == expected, *conditions)
+                .values(outputs_json=None, total_steps=steps, **_ended("stopped", error, None))
+            )
+            if int(connection.execute(statement).rowcount) == 1:
+                connection.execute(form_store.close_run_forms_statement(run_id))
+                task_outbox.forget(connection, run_id)
+                _ended_run(True, "stopped")
+                return expected
+    return None
 
 
 def stop_requested(run_id: str) -> bool:
@@ -68,7 +93,11 @@ def claim(run_id: str, attempt_id: str, ttl: float) -> bool:
         )
         .values(attempt_started_at=now, lease_expires_at=now + ttl)
     )
-    return _execute(statement) == 1
+    with db.engine.begin() as connection:
+        if int(connection.execute(statement).rowcount) != 1:
+            return False
+        task_outbox.forget(connection, run_id)  # the claim is the worker's acknowledgement of the message
+        return True
 
 
 def record_stream_epoch(run_id: str, epoch: str) -> None:
@@ -142,10 +171,16 @@ def pause(run_id: str, state: dict[str, Any], steps: int, tokens: int = 0) -> bo
     return _execute(statement) == 1
 
 
-def resume(run_id: str, submission: dict[str, Any] | None = None) -> str | None:
-    """Move a paused run back to running with a new queued attempt that ``submission`` resumes;
-    return the attempt's id, or ``None``."""
+def resume(
+    run_id: str, submission: dict[str, Any] | None, *, send_after: float, answer: Update | None = None
+) -> str | None:
+    """Move a paused run back to running with a new queued attempt that ``submission`` resumes, and record
+    the attempt's task message (due ``send_after`` seconds from now unless sent before), all in one
+    transaction; with ``answer`` (a form's conditional answer or expiry), only if that wins too. Returns
+    the attempt's id, or ``None`` when nothing changed.
+    """
     attempt_id = new_attempt_id()
+    now = time.time()
     statement = (
         update(WorkflowRun)
         .where(WorkflowRun.id == run_id, WorkflowRun.status == PAUSED)
@@ -155,12 +190,25 @@ def resume(run_id: str, submission: dict[str, Any] | None = None) -> str | None:
             lease_expires_at=None,
             resume_json=None if submission is None else json.dumps(submission),
             attempt_id=attempt_id,
-            dispatched_at=time.time(),
+            dispatched_at=now,
             queued_at=None,
             attempt_started_at=None,
         )
     )
-    return attempt_id if _execute(statement) == 1 else None
+    try:
+        with db.engine.begin() as connection:
+            if answer is not None and int(connection.execute(answer).rowcount) != 1:
+                raise _Lost
+            if int(connection.execute(statement).rowcount) != 1:
+                raise _Lost  # rolled back: an answer is not taken for a run that does not resume
+            task_outbox.add(connection, run_id, attempt_id, submission, now + send_after)
+    except _Lost:
+        return None
+    return attempt_id
+
+
+class _Lost(Exception):
+    """A conditional update of a transaction lost its race: the whole transaction rolls back."""
 
 
 def mark_queued(run_id: str, attempt_id: str) -> None:
@@ -169,34 +217,6 @@ def mark_queued(run_id: str, attempt_id: str) -> None:
         update(WorkflowRun)
         .where(WorkflowRun.id == run_id, WorkflowRun.attempt_id == attempt_id)
         .values(queued_at=time.time())
-    )
-
-
-def claim_requeue(run_id: str, attempt_id: str, grace: float) -> bool:
-    """Take the right to queue again an attempt whose message did not reach the broker within ``grace``
-    seconds of its run being committed (its API process died in between, or the broker refused it)."""
-    now = time.time()
-    statement = (
-        update(WorkflowRun)
-        .where(
-            WorkflowRun.id == run_id,
-            WorkflowRun.status == RUNNING,
-            WorkflowRun.attempt_id == attempt_id,
-            WorkflowRun.attempt_started_at.is_(None),
-            WorkflowRun.queued_at.is_(None),
-            WorkflowRun.dispatched_at < now - grace,
-        )
-        .values(queued_at=now)
-    )
-    return _execute(statement) == 1
-
-
-def release_requeue(run_id: str, attempt_id: str) -> None:
-    """A requeue whose send failed: let the next sweep try again."""
-    _execute(
-        update(WorkflowRun)
-        .where(WorkflowRun.id == run_id, WorkflowRun.attempt_id == attempt_id, WorkflowRun.attempt_started_at.is_(None))
-        .values(queued_at=None)
     )
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import sys
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,8 +32,12 @@ from .view import RunView
 
 #: Columns of output that is not a terminal's: wide enough that nothing is ever wrapped.
 UNWRAPPED = 100_000
-#: Seconds of consecutive failures after which the CLI gives up.
-CLI_MAX_ELAPSED = 30.0
+#: Seconds of consecutive failures (from the first one's end) after which the CLI gives up.
+CLI_MAX_ELAPSED = 10.0
+#: Seconds without a byte after which the CLI counts a connection as dead: one and a half of the server's
+#: pings (every 10 s by default). With ``CLI_MAX_ELAPSED``, a server that accepts and never answers is given
+#: up after two such waits (about 30 s), not the library's minutes.
+CLI_READ_TIMEOUT = 15.0
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_API_ERROR, EXIT_LOST, EXIT_PAUSED = 0, 1, 2, 3, 4, 5, 6
 DEFAULT_BASE_URL = "http://127.0.0.1:5001"
 EXIT_CODES = """exit status:
@@ -65,6 +70,12 @@ def parser() -> argparse.ArgumentParser:
         "--max-attempts", type=int, default=8, help="failed attempts in a row (the first included) before giving up"
     )
     common.add_argument("--retry-delay", type=float, default=0.25, help="seconds before the first retry")
+    common.add_argument(
+        "--read-timeout",
+        type=float,
+        default=CLI_READ_TIMEOUT,
+        help=f"seconds without a byte before a connection counts as dead (default {CLI_READ_TIMEOUT:g})",
+    )
     common.add_argument(
         "--max-retry-delay", type=float, default=1.0, help="the longest wait between attempts (default 1 s)"
     )
@@ -130,6 +141,13 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None, e
     if not args.app_key:
         err.print("dwe: an API key is required (--app-key or DWE_APP_KEY)")
         return EXIT_USAGE
+    problem = _url_problem(args.base_url)
+    if problem is not None:  # no attempt could ever succeed: nothing to retry
+        err.print(f"dwe: --base-url {args.base_url!r} {problem}", markup=False)
+        return EXIT_USAGE
+    if not args.read_timeout > 0:
+        err.print("dwe: --read-timeout must be a positive number of seconds")
+        return EXIT_USAGE
     notes: list[ReconnectInfo] = []
     # A person waits at a terminal: give an unreachable server a few seconds, not the library's minutes.
     retry = RetryPolicy(
@@ -138,7 +156,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None, e
         max_delay=max(args.max_retry_delay, args.retry_delay),
         max_elapsed=CLI_MAX_ELAPSED,
     )
-    client = Client(args.base_url, args.app_key, retry=retry, on_reconnect=notes.append)
+    client = Client(args.base_url, args.app_key, retry=retry, read_timeout=args.read_timeout, on_reconnect=notes.append)
     try:
         with client:
             return _command(args, client, out, err, notes)
@@ -155,6 +173,18 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None, e
         return EXIT_API_ERROR
     except KeyboardInterrupt:
         return 130
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be the API's address, or ``None``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018  (a port that is not a number raises here)
+    except ValueError as exc:
+        return f"is not a URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "is not an http:// or https:// URL with a host"
+    return None
 
 
 def _command(args: argparse.Namespace, client: Client, out: Console, err: Console, notes: list[ReconnectInfo]) -> int:
