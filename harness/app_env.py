@@ -39,6 +39,8 @@ def base_env(var_dir: pathlib.Path, **overrides: Any) -> dict[str, str]:
         # limits (tests/app/test_limits.py, test_herd.py) set them.
         "LIMIT_SSE_STREAMS_PER_END_USER": "0",
         "LIMIT_SSE_STREAMS_PER_KEY": "0",
+        # Likewise a hostile-input run starts runs as fast as it can (tests/app/test_limits.py sets it).
+        "LIMIT_RUN_STARTS_PER_SECOND": "0",
     }
     env.update({key: str(value) for key, value in overrides.items()})
     return env

@@ -55,15 +55,22 @@ def init_app(app: Flask, config: AppConfig) -> None:
             ) from None
 
 
+#: Times a process creates what is missing of the schema while others (gunicorn's workers on a fresh
+#: database) do the same: each try finds more made by the others, so a few always suffice.
+SCHEMA_TRIES = 5
+
+
 def _create_schema() -> None:
-    try:
-        db.create_all()
-        _add_missing_columns(db.engine)
-        _add_missing_indexes(db.engine)
-    except (OperationalError, ProgrammingError):  # another process did the same at the same moment
-        db.create_all()
-        _add_missing_columns(db.engine)
-        _add_missing_indexes(db.engine)
+    for remaining in range(SCHEMA_TRIES - 1, -1, -1):
+        try:
+            db.create_all()
+            _add_missing_columns(db.engine)
+            _add_missing_indexes(db.engine)
+            return
+        except (OperationalError, ProgrammingError):  # another process made the same table a moment before
+            db.session.rollback()
+            if not remaining:
+                raise
 
 
 def _add_missing_indexes(engine: Engine) -> None:

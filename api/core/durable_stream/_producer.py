@@ -29,12 +29,15 @@ producer lost are the unrepairable case above.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from ._contract import DurableStreamProducer, DurableStreamUnavailableError, TopicSealedError
 from ._cursor import CursorPosition
 from ._driver import Appended, Position, Refused, TopicHead
+from ._observer import APPEND_OK, APPEND_SEALED, APPEND_UNAVAILABLE
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -74,20 +77,36 @@ class RepairingProducer(DurableStreamProducer):
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
         data = bytes(payload)
+        observer = self._engine.observer
+        if observer is None:
+            self._append(data)
+        else:  # the same report as a plain topic's append (the app's append metrics count these too)
+            outcome = APPEND_UNAVAILABLE
+            started = time.perf_counter()
+            try:
+                self._append(data)
+                outcome = APPEND_OK
+            except TopicSealedError:
+                outcome = APPEND_SEALED
+                raise
+            finally:
+                with contextlib.suppress(Exception):  # an observer's bug must not change the append's outcome
+                    observer.appended(self._engine.name, outcome, time.perf_counter() - started)
+        self._engine.notifier.notify(self._topic)
+
+    def _append(self, data: bytes) -> None:
         with self._lock:
             for _ in range(_MAX_ROUNDS):
                 result = self._call(data, self._expect)
                 if isinstance(result, Appended):
                     self._stored(result, data)
-                    break
+                    return
                 if self._already_stored(result.head, data):
-                    break
+                    return
                 self._repair(result.head)
-            else:
-                raise DurableStreamUnavailableError(
-                    f"topic {self._topic!r} kept moving under the producer ({_MAX_ROUNDS} refused appends)"
-                )
-        self._engine.notifier.notify(self._topic)
+            raise DurableStreamUnavailableError(
+                f"topic {self._topic!r} kept moving under the producer ({_MAX_ROUNDS} refused appends)"
+            )
 
     @property
     def position(self) -> CursorPosition | None:
