@@ -613,6 +613,9 @@ def summarize(
         "never_level": never_level,
         "level_within_target": sum(1 for value in levels if value <= LEVEL_TARGET_S),
         "time_to_level_s": _quantiles(levels),
+        # How long the server took to answer (the status line), per request: a server that is slow to
+        # start streams shows here; a producer that is slow to append does not.
+        "answer_wait_s": _quantiles([wait for record in records for wait in record["answer_waits"]]),
         "all_level_after_s": round(all_level - first_arrival, 1),
         "level_at_wait_end": level_at_wait_end,
         "latency_after_level_ms": _quantiles(latencies, digits=1),

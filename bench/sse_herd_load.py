@@ -95,6 +95,7 @@ RECORD = (
     "failure",  # why it failed ("" if it did not)
     "ends",  # [[stream end time.time(), seconds to level again or None], ...]
     "statuses",  # every answer's status, in order
+    "answer_waits",  # per request, seconds from sending it to its status line
 )
 
 
@@ -143,6 +144,7 @@ class Client:
         self.finished = False
         self.failure = ""
         self.statuses: list[int] = []
+        self.answer_waits: list[float] = []
         self.ends: list[list[Any]] = []
         self.first_attempt = 0.0
         self.level = False
@@ -193,6 +195,7 @@ class Client:
                     self.sent_at = time.time()
                     writer.write(self.request())
                     status_line = await reader.readline()
+                    self.answer_waits.append(round(time.time() - self.sent_at, 4))
                     if not status_line:  # closed before an answer (a worker stopping): a network error
                         raise ConnectionResetError("closed before the status line")
                     status = int(status_line.split()[1]) if status_line.startswith(b"HTTP/") else 0
@@ -340,6 +343,7 @@ class Client:
             "failure": self.failure or ("" if self.finished else "unfinished"),
             "ends": self.ends,
             "statuses": self.statuses,
+            "answer_waits": self.answer_waits,
         }
         return [values[name] for name in RECORD]
 

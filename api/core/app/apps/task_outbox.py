@@ -100,9 +100,11 @@ def due(now: float, limit: int = 100) -> tuple[list[Message], int]:
 
 
 def pending(run_id: str, task_id: str, attempt_id: str) -> tuple[Message, float] | None:
-    """The message of ``run_id``'s attempt ``attempt_id`` and when it is due, if it was not claimed."""
-    with db.engine.begin() as connection:
-        row = connection.execute(select(*_COLUMNS).where(TaskOutbox.attempt_id == attempt_id)).first()
+    """The message of ``run_id``'s attempt ``attempt_id`` and when it is due, if it was not claimed.
+
+    Read through the caller's session (every read of a run asks this): a request that took a second
+    connection of the pool for it waited for itself when the pool had one (503 ``database_busy``)."""
+    row = db.session.execute(select(*_COLUMNS).where(TaskOutbox.attempt_id == attempt_id)).first()
     if row is None or row.run_id != run_id:
         return None
     return _message(row, task_id), float(row.due_at)
