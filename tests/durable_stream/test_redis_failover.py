@@ -23,6 +23,7 @@ from api.core.durable_stream import DurableStreamUnavailableError, connect
 from api.core.durable_stream.testing.helpers import drain
 from harness.failover import RedisFailover
 from harness.redis_server import redis_available
+from harness.sentinel_failover import RedisSentinelFailover
 from tests.conformance.test_gateway import gateway_app
 
 from .failover_cases import BEFORE, append_retrying, check_every_position, check_repair, resume
@@ -135,3 +136,23 @@ def test_with_wait_replicas_an_acknowledged_append_survives_the_failover(pair: R
 def test_wait_replicas_is_refused_on_a_cluster_url() -> None:
     with pytest.raises(ValueError, match="wait_replicas"):
         connect("redis+cluster://127.0.0.1:1", wait_replicas=1)
+
+
+@pytest.fixture
+def sentinel_pair() -> Iterator[RedisSentinelFailover]:
+    with RedisSentinelFailover() as started:
+        yield started
+
+
+# The same checks with Redis Sentinel doing the promotion and the clients following it through a
+# ``redis+sentinel://`` URL, as a Dify deployment with REDIS_USE_SENTINEL runs: fewer, before, at and
+# after the lost positions; sealed and not.
+@pytest.mark.parametrize(("lost", "after", "sealed"), [(3, 2, False), (3, 3, True), (1, 3, True)])
+def test_with_sentinel_every_position_resumes_exactly_or_is_refused(
+    sentinel_pair: RedisSentinelFailover, lost: int, after: int, sealed: bool
+) -> None:
+    check_every_position(sentinel_pair, lost, after, sealed)
+
+
+def test_with_sentinel_a_producer_that_outlives_the_failover_repairs_it(sentinel_pair: RedisSentinelFailover) -> None:
+    check_repair(sentinel_pair, 3, 2)

@@ -352,6 +352,11 @@ class Standalone:
     def close(self) -> None:
         self._reader.close()
         self._writer.close()
+        sentinel_pool = getattr(self, "_sentinel_pool", None)
+        if sentinel_pool is not None:
+            # The connections to the sentinels themselves (their clients ask where the primary is).
+            for client in sentinel_pool.sentinel_manager.sentinels:
+                client.close()
 
 
 class Cluster:
