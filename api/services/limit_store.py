@@ -39,6 +39,8 @@ __all__ = ["DatabaseLimitStore", "LimitStore", "RedisLimitStore"]
 KEY_PREFIX = "limits:"
 #: Redis calls one process makes at once; the others wait their turn (in order, under gevent).
 REDIS_CALLS = 8
+#: How long an open stream's batched script call may wait for its answer (then it is let through).
+BATCH_WAIT = 10.0
 logger = logging.getLogger(__name__)
 
 
@@ -130,6 +132,7 @@ class RedisLimitStore:
     def __init__(self, client: Any) -> None:
         self._client = client
         self._calls = threading.BoundedSemaphore(REDIS_CALLS)
+        self._batches = _Batches(self)
         self._scripts = {
             name: client.register_script(source)
             for name, source in (
@@ -161,19 +164,15 @@ class RedisLimitStore:
         return _seconds(self._run("amount", key, amount, limit, int(window * 1000)))
 
     def acquire(self, scopes: Sequence[tuple[str, int]], holder: str, lease: float) -> tuple[int, float] | None:
-        """One script for all ``scopes`` (which share a hash tag: one cluster slot); allowed when Redis
-        cannot be asked, as every limit here."""
-        from redis.exceptions import RedisError
-
+        """One script for all ``scopes`` (which share a hash tag: one cluster slot), sent with the other
+        streams' of the same moment (:class:`_Batches`); allowed when Redis cannot be asked, as every
+        limit here."""
         keys = [KEY_PREFIX + scope for scope, _ in scopes]
-        try:
-            with self._calls:
-                index, wait = self._scripts["acquire"](
-                    keys=keys, args=[int(lease * 1000), holder, *[limit for _, limit in scopes]]
-                )
-        except RedisError as exc:
-            logger.warning("limits: Redis did not answer, open streams are not limited meanwhile: %s", exc)
+        answer = self._batches.ask("acquire", keys, [int(lease * 1000), holder, *[limit for _, limit in scopes]])
+        if isinstance(answer, Exception):
+            logger.warning("limits: Redis did not answer, open streams are not limited meanwhile: %s", answer)
             return None
+        index, wait = answer
         return None if int(index) == 0 else (int(index) - 1, int(wait) / 1000)
 
     def renew(self, slots: Sequence[tuple[str, str]], lease: float) -> None:
@@ -184,13 +183,85 @@ class RedisLimitStore:
             self._run("renew", scope, int(lease * 1000), *holders)
 
     def release(self, scopes: Sequence[str], holder: str) -> None:
-        """Raises:
-        redis.RedisError: Redis cannot be asked (the slots' leases give them back)."""
-        with self._calls:
-            self._scripts["release"](keys=[KEY_PREFIX + scope for scope in scopes], args=[holder])
+        """Sent with the next batch, without waiting for it (a release Redis misses is its lease's to undo)."""
+        self._batches.tell("release", [KEY_PREFIX + scope for scope in scopes], [holder])
 
     def holders(self, scope: str) -> int:
-        return self._run("holders", scope)
+        # Through the batches: this process's releases asked before are counted (they go first).
+        answer = self._batches.ask("holders", [KEY_PREFIX + scope], [])
+        if isinstance(answer, Exception):
+            logger.warning("limits: Redis did not answer how many streams are open: %s", answer)
+            return 0
+        return int(answer)
+
+
+class _Ask:
+    """One script call waiting for its batch: its keys and arguments, then its answer."""
+
+    __slots__ = ("answer", "args", "done", "keys", "name")
+
+    def __init__(self, name: str, keys: list[str], args: list[Any], done: threading.Event | None) -> None:
+        self.name, self.keys, self.args, self.done = name, keys, args, done
+        self.answer: Any = None
+
+
+class _Batches:
+    """The open-stream scripts of one process, sent to Redis together: each turn sends everything asked
+    since the last one in one pipeline (one round trip), and its flusher keeps turning while more is
+    asked. A herd's thousand arrivals a second then cost a few dozen round trips, not a thousand: one
+    script call per arrival was 17% of the worker's CPU (docs/benchmarks.md, "Dify's readers")."""
+
+    def __init__(self, store: RedisLimitStore) -> None:
+        self._store = store
+        self._pending: list[_Ask] = []
+        self._lock = threading.Lock()
+        self._flushing = False
+
+    def ask(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """The script's answer, or the ``Exception`` Redis raised (or a timeout's) instead."""
+        ask = _Ask(name, keys, args, threading.Event())
+        self._add(ask)
+        assert ask.done is not None
+        if not ask.done.wait(BATCH_WAIT):
+            return TimeoutError(f"no answer from Redis within {BATCH_WAIT} s")
+        return ask.answer
+
+    def tell(self, name: str, keys: list[str], args: list[Any]) -> None:
+        """Send with the next batch; nobody waits for the answer."""
+        self._add(_Ask(name, keys, args, None))
+
+    def _add(self, ask: _Ask) -> None:
+        with self._lock:
+            self._pending.append(ask)
+            if self._flushing:
+                return
+            self._flushing = True
+        threading.Thread(target=self._flush, name="limit-batches", daemon=True).start()
+
+    def _flush(self) -> None:
+        from redis.exceptions import RedisError
+
+        while True:
+            time.sleep(0)  # the arrivals of this moment join the batch
+            with self._lock:
+                batch, self._pending = self._pending, []
+                if not batch:
+                    self._flushing = False
+                    return
+            try:
+                with self._store._calls:
+                    pipeline = self._store._client.pipeline(transaction=False)
+                    for ask in batch:
+                        self._store._scripts[ask.name](keys=ask.keys, args=ask.args, client=pipeline)
+                    answers = pipeline.execute(raise_on_error=False)
+            except (RedisError, OSError) as exc:
+                answers = [exc] * len(batch)
+            for ask, answer in zip(batch, answers, strict=True):
+                ask.answer = answer
+                if ask.done is not None:
+                    ask.done.set()
+                elif isinstance(answer, Exception):
+                    logger.warning("limits: a stream's slots could not be given back (their leases will): %s", answer)
 
 
 @contextlib.contextmanager

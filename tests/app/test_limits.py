@@ -359,3 +359,39 @@ def test_open_event_streams_past_the_limits_are_429_and_given_back_when_clients_
         with app.app_context():
             wait_until(lambda: limits.stream_counts(app_id, "alice") == (0, 0), 40 * ping, "the slots given back")
     request_finalizer()
+
+
+def test_a_burst_of_stream_slots_goes_to_redis_in_a_few_round_trips() -> None:
+    """Two hundred streams asking at once: each gets its exact answer (the limit's first 150 a slot,
+    the rest refused), in far fewer pipelines than calls, and releases count before a later question."""
+    import redis
+
+    from api.services.limit_store import RedisLimitStore
+
+    class Counting(redis.Redis):  # type: ignore[type-arg]
+        pipelines = 0
+
+        def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+            Counting.pipelines += 1
+            return super().pipeline(*args, **kwargs)
+
+    client = Counting.from_url(redis_url(0))
+    try:
+        store = RedisLimitStore(client)
+        scope = f"sse:{{burst-{uuid.uuid4().hex}}}:app"
+        barrier = threading.Barrier(200)
+
+        def one(index: int) -> tuple[int, float] | None:
+            barrier.wait()
+            return store.acquire([(scope, 150)], f"holder-{index}", 30.0)
+
+        with concurrent.futures.ThreadPoolExecutor(200) as pool:
+            answers = list(pool.map(one, range(200)))
+        assert sum(answer is None for answer in answers) == 150
+        assert all(answer is None or answer[0] == 0 for answer in answers)
+        assert Counting.pipelines < 100, Counting.pipelines
+        for index in range(200):
+            store.release([scope], f"holder-{index}")
+        assert store.holders(scope) == 0  # asked after the releases: sent after them
+    finally:
+        client.close()
