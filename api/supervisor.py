@@ -102,8 +102,12 @@ class Supervisor:
             "INFO", f"started the {child.name} (pid {pid}){again}", process=child.name, pid=pid, restarts=child.restarts
         )
 
-    def _stop_group(self, pid: int, timeout: float) -> None:
-        """SIGTERM the process group ``pid`` leads, then SIGKILL what is left after ``timeout``."""
+    def _stop_group(self, pid: int, timeout: float, leader: subprocess.Popen[bytes] | None = None) -> None:
+        """SIGTERM the process group ``pid`` leads, then SIGKILL what is left after ``timeout``.
+
+        ``leader``, the group's leader if it is still our child, is reaped while we wait: until then it
+        stays in its group as a zombie, and the group would look alive for the whole ``timeout``.
+        """
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(pid, sig)
@@ -111,6 +115,8 @@ class Supervisor:
                 return
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
+                if leader is not None:
+                    leader.poll()
                 try:
                     os.killpg(pid, 0)
                 except ProcessLookupError:
@@ -154,7 +160,7 @@ class Supervisor:
         self.stopping = True
         for child in self.children:
             if child.process is not None:
-                self._stop_group(child.process.pid, self.stop_timeout)
+                self._stop_group(child.process.pid, self.stop_timeout, child.process)
                 code = child.process.wait()
                 self.say("INFO", f"stopped the {child.name} ({describe_exit(code)})", process=child.name)
                 child.process = None
