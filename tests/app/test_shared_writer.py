@@ -146,6 +146,10 @@ class RawClient:
     def read(self, events: int | None = None) -> RawClient:
         """Read until ``events`` more run events arrived, or to the end of the response."""
         wanted = None if events is None else len(self.events) + events
+        if wanted is None:
+            # Reading on to the end: a small receive buffer (a stalled client's) would take every few KB
+            # through a delayed ACK, most of a minute for the 3 MB run below.
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         for message in self.messages:
             self._take(message)
             if wanted is not None and len(self.events) >= wanted:
