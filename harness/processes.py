@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -127,6 +127,23 @@ class Worker:
     def stop(self) -> None:
         terminate(self.process)
         self._log.close()
+
+
+def stop_workers(workers: Iterable[Worker]) -> None:
+    """Stop several workers at once: each warm shutdown takes a second or more (the filesystem broker's
+    poll ends first), so all are told before any is waited for."""
+    workers = list(workers)
+    for worker in workers:
+        if worker.process.poll() is None:
+            worker.process.send_signal(signal.SIGTERM)
+    for worker in workers:
+        # A second SIGTERM in the middle of a warm shutdown would interrupt it: wait, as terminate() would.
+        try:
+            worker.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.process.kill()
+            worker.process.wait(timeout=10)
+        worker.stop()
 
 
 @contextlib.contextmanager

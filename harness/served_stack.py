@@ -29,7 +29,7 @@ import psutil
 import requests
 from flask import Flask
 
-from harness.processes import BIN, CELERY_APP, ROOT, Worker, free_port, process_env
+from harness.processes import BIN, CELERY_APP, ROOT, Worker, free_port, process_env, stop_workers
 
 #: gunicorn's access-log line: worker pid, method, path, status.
 ACCESS_LOG_FORMAT = "%(p)s %(m)s %(U)s %(s)s"
@@ -337,8 +337,7 @@ class ServedStack:
     def close(self) -> None:
         for server in self.servers:
             server.stop()
-        for worker in self.celery:
-            worker.stop()
+        stop_workers(self.celery)
         if self._app is not None:
             with self._app.app_context():
                 self._app.extensions["durable_stream"].close()

@@ -11,7 +11,7 @@ from typing import Any
 
 from api.models import TaskOutbox, WorkflowRun
 from api.models.engine import db
-from harness.processes import Worker
+from harness.processes import Worker, stop_workers
 from harness.waiting import wait_until
 from tests.app.conftest import AppHarness
 
@@ -63,8 +63,7 @@ class Workers:
         return sum(1 for line in self.logs() if f"[{task_id}] received" in line.get("message", ""))
 
     def stop_all(self) -> None:
-        for worker in self.started:
-            worker.stop()
+        stop_workers(self.started)
 
 
 def row(harness: AppHarness, run_id: str) -> WorkflowRun:

@@ -147,3 +147,15 @@ def test_the_probe_tells_a_usable_folder_from_an_unusable_one(tmp_path: pathlib.
     (tmp_path / "file").write_text("")
     with pytest.raises(OSError):
         filesystem_broker.probe(tmp_path / "file" / "queue")
+
+
+@pytest.mark.timeout(30)
+def test_a_wait_for_messages_returns_soon_enough_for_a_shutdown_to_be_seen(tmp_path: pathlib.Path) -> None:
+    # Celery's loop for a polled broker asks to wait 2 s and looks for a shutdown only after; here, a
+    # minute asked for comes back after DRAIN_WAIT (with nothing: a timeout), or the test's timeout fails it.
+    connection = kombu.Connection(transport=filesystem_broker.Transport, transport_options=options(tmp_path / "b"))
+    try:
+        with connection.Consumer(kombu.Queue("q"), callbacks=[lambda body, message: None]), pytest.raises(TimeoutError):
+            connection.drain_events(timeout=60)
+    finally:
+        connection.release()
