@@ -29,6 +29,8 @@ from tests.app.conftest import AppHarness
 from tests.app.crash_steps import BROKERS, BUSY_RUN, FAST, Workers, assert_once, outbox_size, row, wait_ended
 from tests.app.test_service_api import slow_greeting
 
+pytestmark = pytest.mark.slow  # handed out first by make test (tests/conftest.py)
+
 GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
 STEPS = ("before_broker", "in_broker", "fetched", "claimed", "ended")
 FORM_ANSWER = {"inputs": {"approved": "true"}, "action": "submit", "user": "u1"}

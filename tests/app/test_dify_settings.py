@@ -31,7 +31,7 @@ from harness.sse import parse_sse
 from harness.waiting import wait_until
 from tests.app.conftest import AppHarness
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "dify.env"
 SECRET = "a-dify-operators-own-secret-key-" + "k" * 16

@@ -26,7 +26,7 @@ from harness.sse import parse_sse
 from harness.waiting import wait_until
 from tests.app.test_service_api import slow_greeting
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 RETRY = re.compile(rb"retry: (\d+)\n\n$")
 CLIENTS = 8

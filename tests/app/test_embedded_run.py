@@ -19,6 +19,8 @@ import requests
 from harness.processes import BIN, ROOT, free_port, process_env
 from harness.waiting import wait_until
 
+pytestmark = pytest.mark.slow  # handed out first by make test (tests/conftest.py)
+
 
 @pytest.fixture
 def served(tmp_path: pathlib.Path) -> Iterator[tuple[str, dict[str, str]]]:

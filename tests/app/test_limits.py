@@ -33,7 +33,7 @@ from harness.services import redis_url
 from harness.waiting import wait_until
 from tests.app.test_service_api import slow_greeting
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
 #: Where the limits count: the database (no Redis configured: the embedded profile) or the app's Redis.

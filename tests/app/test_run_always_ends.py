@@ -31,6 +31,8 @@ from tests.app.conftest import AppHarness
 from tests.app.test_events_sse import events_of, reconnect, stream
 from tests.app.test_service_api import slow_greeting
 
+pytestmark = pytest.mark.slow  # handed out first by make test (tests/conftest.py)
+
 #: A Redis database of its own, so that the broker's "unacked" bookkeeping can be read exactly.
 KILL_BROKER_URL = redis_url(2)
 

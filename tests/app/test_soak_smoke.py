@@ -12,6 +12,8 @@ import pytest
 from bench.soak import api_kill, celery_kill, storm
 from bench.soak.services import Services, services
 
+pytestmark = pytest.mark.slow  # handed out first by make test (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def found() -> Iterator[Services]:

@@ -33,7 +33,7 @@ from harness.tcp_relay import TcpRelay
 from harness.waiting import wait_until
 from tests.app.test_service_api import slow_greeting
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 HERE = pathlib.Path(__file__).resolve().parent
 PREFIX = "/durable-streams"

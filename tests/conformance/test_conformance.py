@@ -13,7 +13,7 @@ import pytest
 from .gateway import VITEST_SECONDS, GatewayServer, adapter_url, counts, failures, run_vitest
 
 # A guard against a hang, not a speed limit: the suite's own deadline, and a minute to start and stop the gateway.
-pytestmark = pytest.mark.timeout(VITEST_SECONDS + 60)
+pytestmark = [pytest.mark.timeout(VITEST_SECONDS + 60), pytest.mark.slow]
 
 #: The reference server (@durable-streams/server 0.3.7) passes 324 of the 338 here, skipping 6.
 REFERENCE_PASSED = 324

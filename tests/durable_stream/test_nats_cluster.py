@@ -32,6 +32,8 @@ from tests.durable_stream import hooks
 
 from .test_contract_nats import stream_options
 
+pytestmark = pytest.mark.slow  # handed out first by make test (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def nats_cluster() -> Iterator[NatsCluster]:
