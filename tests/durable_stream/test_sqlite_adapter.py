@@ -582,13 +582,16 @@ GEVENT_CHILD = """
     print(json.dumps(stats))
 """
 
-LOCK_HOLDER = """
+#: How long the lock holder keeps the database locked each time: an append waits about that long, and a
+#: hub blocked by the wait would hold the ticker up as long.
+LOCK_HOLD = 1.0
+LOCK_HOLDER = f"""
 import sqlite3, sys, time
 connection = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
 for _ in range(3):
     time.sleep(0.1)
     connection.execute("BEGIN IMMEDIATE")
-    time.sleep(0.3)
+    time.sleep({LOCK_HOLD})
     connection.execute("COMMIT")
 """
 
@@ -598,9 +601,12 @@ def test_under_gevent_sqlite_calls_never_block_the_hub(db: pathlib.Path) -> None
         pass
     stats = json.loads(_finish(_python(GEVENT_CHILD, str(db), LOCK_HOLDER), timeout=90))
     assert stats["received"] == stats["appended"] >= 100 and stats["in_order"]
-    assert stats["slowest_append"] >= 0.2, f"the lock holder never made an append wait: {stats}"
+    assert stats["slowest_append"] >= LOCK_HOLD / 2, f"the lock holder never made an append wait: {stats}"
     assert stats["ticks"] > 50
-    assert stats["lateness"] < 0.1, f"a 10 ms ticker was delayed by {stats['lateness']:.3f}s: {stats}"
+    # Had the wait run on the hub, the 10 ms ticker would have been late by the whole wait; a busy
+    # machine's scheduling delays are far shorter than half of it.
+    lateness = stats["lateness"]
+    assert lateness < stats["slowest_append"] / 2, f"a 10 ms ticker was delayed by {lateness:.3f}s: {stats}"
 
 
 def test_idle_subscriptions_share_the_last_resort_reread_and_still_catch_a_lost_wakeup(db: pathlib.Path) -> None:
