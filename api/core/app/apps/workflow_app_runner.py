@@ -19,8 +19,7 @@ from flask import current_app
 
 from api.configs import AppConfig
 from api.core.durable_stream import DurableStreamError
-from api.core.workflow import Graph, WorkflowEngine
-from api.core.workflow.engine import ResumePoint
+from api.core.workflow import ModelSettings, ResumePoint, WorkflowEngine
 from api.libs import log_context
 from api.libs.errors import STREAM_FAILED_RUN
 from api.models import App, WorkflowRun
@@ -152,18 +151,23 @@ def _attempt(
                     raise RuntimeError("the run has no saved pause state to resume from")
                 resume = ResumePoint(state=json.loads(state_json), submission=resume_form)
             engine = WorkflowEngine(
-                Graph(json.loads(graph_definition)),
+                json.loads(graph_definition),
                 app_id=identity.app_id,
                 task_id=identity.task_id,
                 workflow_run_id=identity.workflow_run_id,
                 inputs=inputs,
                 user=end_user,
                 created_at=identity.created_at,
-                token_delay=config.WORKFLOW_LLM_TOKEN_DELAY,
+                models=ModelSettings(
+                    token_delay=config.WORKFLOW_LLM_TOKEN_DELAY,
+                    base_url=config.WORKFLOW_MODEL_BASE_URL,
+                    api_key=config.WORKFLOW_MODEL_API_KEY,
+                ),
                 should_stop=coordinator.should_stop,
                 resume=resume,
                 open_form=lambda node, form: form_store.open_form(identity.app_id, workflow_run_id, form),
                 form_timeout=config.HUMAN_INPUT_FORM_TIMEOUT,
+                workers=config.WORKFLOW_GRAPH_WORKERS,
             )
             for event in engine.run():
                 if event["event"] == "node_started":
