@@ -122,6 +122,7 @@ class WorkflowEngine:
             task_id,
             workflow_run_id,
             {node.id: node.type for node in self.view.nodes.values()},
+            self.view.predecessors(),
             steps=int(previous.get("steps", 0)),
             tokens=int(previous.get("tokens", 0)),
         )
@@ -222,6 +223,10 @@ class WorkflowEngine:
                     terminal = event
                 else:
                     yield from self._node_event(event, callback)
+        except Exception:
+            # graphon raises a run's error again after yielding its GraphRunFailedEvent: that event ends the run.
+            if not isinstance(terminal, GraphRunFailedEvent):
+                raise
         except GeneratorExit:
             # The consumer went away: abort, and let closing graphon's iterator join its threads.
             self.signal.set(CONSUMER_GONE)
@@ -247,6 +252,13 @@ class WorkflowEngine:
         ):
             filled, callback.filled = callback.filled, None
             yield self._event("human_input_form_filled", to_json(filled))
+        if (
+            isinstance(event, NodeRunFailedEvent)
+            and callback.timed_out is not None
+            and event.node_id == callback.timed_out["node_id"]
+        ):
+            timed_out, callback.timed_out = callback.timed_out, None
+            yield self._event("human_input_form_timeout", timed_out)
         for mapped in self.events.map(event):
             if (
                 self.signal.reason is not None

@@ -77,6 +77,8 @@ class DifyEvents:
     workflow_run_id: str
     #: Node types of the graph (nested ones included), to tell a node's container apart.
     node_types: Mapping[str, str]
+    #: A node's one way in, where it has one (graphon names no predecessor in its events).
+    predecessors: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: Steps before this attempt (a resumed run goes on counting).
     steps: int = 0
     tokens: int = 0
@@ -139,7 +141,12 @@ class DifyEvents:
         self.steps += 1
         iteration_id, loop_id = self._containers(event)
         started = _Started(
-            self.steps, event.predecessor_node_id, _timestamp(event.start_at), time.monotonic(), iteration_id, loop_id
+            self.steps,
+            event.predecessor_node_id or self.predecessors.get(event.node_id),
+            _timestamp(event.start_at),
+            time.monotonic(),
+            iteration_id,
+            loop_id,
         )
         self._started[event.id] = started
         self._titles[event.id] = event.node_title

@@ -56,6 +56,13 @@ class Graph:
             edge for edge in definition.get("edges") or [] if isinstance(edge, Mapping)
         ]
 
+    def predecessors(self) -> dict[str, str]:
+        """Each node with exactly one edge into it, and that edge's source."""
+        sources: dict[str, list[str]] = {}
+        for edge in self.edges:
+            sources.setdefault(str(edge.get("target")), []).append(str(edge.get("source")))
+        return {target: found[0] for target, found in sources.items() if len(found) == 1}
+
     def handles_from(self, node_id: str) -> set[str]:
         """The source handles of the edges leaving ``node_id``."""
         return {str(edge.get("sourceHandle") or "source") for edge in self.edges if edge.get("source") == node_id}

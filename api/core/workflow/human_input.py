@@ -9,6 +9,8 @@ form's expiry (the node fails, and the run with it, as before).
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import secrets
 import time
 import uuid
@@ -27,6 +29,9 @@ from .variables import VariablePool
 #: How long a form waits for its answer when its node sets no ``timeout`` (Dify's default: 3 days).
 DEFAULT_FORM_TIMEOUT = 3 * 24 * 3600.0
 FORM_EXPIRED = "the human input form expired"
+
+#: A variable of the run in a form's content (``{{#node.variable#}}``; ``$output`` ones are the form's own).
+_REFERENCE = re.compile(r"\{\{#([A-Za-z0-9_\-]+)\.([A-Za-z0-9_\-]+)#\}\}")
 
 #: Makes a paused node's form answerable by its token (stores it) before any client can see the token.
 FormOpener = Callable[[Node, Mapping[str, Any]], None]
@@ -56,6 +61,25 @@ def _pool_view(node: Node, pool: ReadOnlyVariablePool) -> VariablePool:
     return VariablePool(values)
 
 
+def _with_content(node: Node, content: str) -> Node:
+    return dataclasses.replace(node, config={**node.config, "form_content": content})
+
+
+def _rendered_references(node: Node, pool: ReadOnlyVariablePool) -> Node:
+    """``node`` with the run's variables in its content written out, as Dify shows a form."""
+    content = node.config.get("form_content")
+    if not isinstance(content, str):
+        return node
+
+    def value_of(match: re.Match[str]) -> str:
+        if match.group(1).startswith("$"):
+            return match.group(0)
+        segment = pool.get([match.group(1), match.group(2)])
+        return "" if segment is None else segment.text
+
+    return _with_content(node, _REFERENCE.sub(value_of, content))
+
+
 class HumanInput:
     """One attempt's callback. ``answer`` is the submission of a resumed attempt (for its paused node)."""
 
@@ -79,14 +103,17 @@ class HumanInput:
         self.opened: dict[str, dict[str, Any]] = {}
         #: ``human_input_form_filled`` data of the form this attempt took the answer of.
         self.filled: dict[str, Any] | None = None
+        #: ``human_input_form_timeout`` data of the form whose expiry this attempt took.
+        self.timed_out: dict[str, Any] | None = None
 
     def __call__(self, context: HITLContext) -> HITLDecision:
         node = self._graph.nodes[context.node_id]
         if self._answer is not None and context.node_id == self._answered_node:
             answer, self._answer = self._answer, None
-            return self._completed(node, answer)
+            return self._completed(_rendered_references(node, context.variable_pool), answer)
         timeout = float(node.config.get("timeout") or self._form_timeout)
-        form = public_form(node, new_ticket(int(time.time() + timeout)), _pool_view(node, context.variable_pool))
+        shown = _rendered_references(node, context.variable_pool)
+        form = public_form(shown, new_ticket(int(time.time() + timeout)), _pool_view(node, context.variable_pool))
         self._open_form(node, form)
         self.opened[node.id] = form
         return PauseRequested(session_id=form["form_id"])
@@ -98,6 +125,11 @@ class HumanInput:
             NodeRunError: the form expired, or the submission does not fit it (the node fails).
         """
         if answer.get("kind") == "timeout":
+            self.timed_out = {
+                "node_id": node.id,
+                "node_title": node.title,
+                "expiration_time": self._answered_form.get("expiration_time"),
+            }
             raise NodeRunError(FORM_EXPIRED)
         if "kind" in answer:
             inputs, action = answer.get("inputs") or {}, answer.get("action")

@@ -89,10 +89,13 @@ class _Jinja2(Jinja2TemplateRenderer):
 
 
 class _Prompts:
-    """Process data keeps the prompt messages as graphon made them (their JSON is Dify's)."""
+    """The prompts in a model node's process data, as Dify shows them: role, text, files."""
 
     def serialize(self, *, model_mode: LLMMode, prompt_messages: Sequence[PromptMessage]) -> Any:
-        return list(prompt_messages)
+        return [
+            {"role": message.role.value, "text": message.get_text_content(), "files": []}
+            for message in prompt_messages
+        ]
 
 
 class _TextOnlyFiles:
