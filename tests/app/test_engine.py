@@ -281,7 +281,7 @@ def test_what_this_app_cannot_run_is_refused_in_one_line(definition: dict[str, A
 
 
 def test_an_http_request_to_a_host_not_allowed_is_refused() -> None:
-    with pytest.raises(WorkflowDefinitionError, match="host '127.0.0.1' is not allowed"):
+    with pytest.raises(WorkflowDefinitionError, match=r"host '127\.0\.0\.1' is not allowed"):
         load_app(examples.example("http"))
     assert load_app(examples.example("http"), allowed_hosts=frozenset({"127.0.0.1"})).name == "Ask a service"
 
