@@ -26,7 +26,8 @@ from api.extensions.ext_durable_stream import durable_stream
 from api.models.engine import db
 from harness.app_database import app_database_uri
 from harness.app_env import base_env
-from harness.processes import ROOT, Worker, running_worker
+from harness.processes import Worker, running_worker
+from tests.app import examples
 
 
 class AppHarness:
@@ -40,7 +41,7 @@ class AppHarness:
 
     def create_app(self, definition: dict[str, Any] | str = "greeting") -> dict[str, str]:
         if isinstance(definition, str):
-            definition = json.loads((ROOT / "examples" / f"{definition}.json").read_text())
+            definition = examples.example(definition)
         path = pathlib.Path(self.env["VAR_DIR"]) / f"app-{uuid.uuid4().hex}.json"
         path.write_text(json.dumps(definition))
         result = self.app.test_cli_runner().invoke(args=["create-app", "--file", str(path)])

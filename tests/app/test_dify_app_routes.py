@@ -5,7 +5,6 @@ version, file uploads (and files as inputs of runs and forms), end users, speech
 from __future__ import annotations
 
 import io
-import json
 import pathlib
 import time
 import uuid
@@ -16,12 +15,13 @@ import pytest
 from werkzeug.datastructures import FileStorage, MultiDict
 from werkzeug.test import encode_multipart
 
-from harness.processes import ROOT, running_worker
+from harness.processes import running_worker
 from harness.waiting import wait_until
+from tests.app import examples
 from tests.app.conftest import AppHarness
 from tests.app.dify_spec import event_schema, response_schema, spec_errors, validate_spec
 
-GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
+GREETING = examples.greeting()
 #: A document upload may be at most this many MB in these tests (so that a too large one stays small).
 UPLOAD_MB = 1
 

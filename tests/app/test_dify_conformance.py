@@ -19,10 +19,11 @@ import pytest
 
 from harness.app_database import APP_DATABASES, app_database_uri
 from harness.app_env import base_env
-from harness.processes import ROOT, running_worker
+from harness.processes import running_worker
 from harness.services import redis_url
 from harness.sse import SseMessage, parse_sse
 from harness.waiting import wait_until
+from tests.app import examples
 from tests.app.conftest import AppHarness
 from tests.app.dify_schemas import EVENT_NAMES, load_schema, registry, schema_names, validate, validate_event, validator
 from tests.app.dify_spec import event_schema, response_schema, validate_spec
@@ -41,11 +42,11 @@ on_both_transports = pytest.mark.parametrize("transport", TRANSPORTS)
 
 def slow_greeting() -> dict[str, Any]:
     """The greeting app with an answer long and slow enough (~4 s) to be stopped while it streams."""
-    definition: dict[str, Any] = json.loads((ROOT / "examples" / "greeting.json").read_text())
+    definition: dict[str, Any] = examples.greeting()
     definition = copy.deepcopy(definition)
     definition["name"] = "Slow greeting"
-    definition["graph"]["nodes"][1]["response"] = " ".join(f"word{i}" for i in range(400))
-    definition["graph"]["nodes"][1]["token_delay"] = 0.01
+    definition = examples.script_model(definition, response=" ".join(f"word{i}" for i in range(400)))
+    definition = examples.script_model(definition, token_delay=0.01)
     return definition
 
 

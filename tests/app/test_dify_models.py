@@ -129,7 +129,7 @@ def all_kinds() -> Iterator[tuple[str, dict[str, Any]]]:
         yield "paused", event
     assert paused.outcome is not None and paused.outcome.state is not None
     state = json.loads(json.dumps(paused.outcome.state))
-    answer = {"kind": "submission", "inputs": {"approved": "true", "note": "ok"}, "action": "approve"}
+    answer = {"kind": "submission", "inputs": {"approved": "true", "note": "ok"}, "action": "submit"}
     for event in engine(GREETING, formal, resume=ResumePoint(state, answer)).run():
         yield "resumed", event
     for event in engine(GREETING, formal, resume=ResumePoint(state, {"kind": "timeout"})).run():

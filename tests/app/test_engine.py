@@ -19,7 +19,7 @@ from tests.app.loopback import greeting_service
 
 GREETING = examples.greeting()
 FORMAL = {"name": "Ada", "mood": "formal"}
-APPROVE = {"kind": "submission", "inputs": {"approved": "true"}, "action": "approve"}
+APPROVE = {"kind": "submission", "inputs": {"approved": "true"}, "action": "submit"}
 
 
 def run_engine(
@@ -80,7 +80,7 @@ def test_a_formal_greeting_pauses_for_its_form_and_resumes_from_graphon_s_snapsh
     assert opened == [form]  # stored before any client could read its token
     assert form["node_id"] == "approve" and form["node_title"] == "Approve the greeting"
     assert [field["output_variable_name"] for field in form["inputs"]] == ["approved", "note"]
-    assert form["actions"] == [{"id": "approve", "title": "Approve", "button_style": "primary"}]
+    assert form["actions"] == [{"id": "submit", "title": "Submit", "button_style": "primary"}]
     # The run's variables are written into the form's content; the fields' places stay for the answer.
     assert form["form_content"].startswith("Dear Ada, it is an honour")
     assert "{{#$output.approved#}}" in form["form_content"]
@@ -99,9 +99,9 @@ def test_a_formal_greeting_pauses_for_its_form_and_resumes_from_graphon_s_snapsh
     assert more[1]["data"]["node_id"] == more[3]["data"]["node_id"] == "approve"
     assert more[1]["data"]["id"] == more[3]["data"]["id"]
     filled = more[2]["data"]
-    assert filled["action_id"] == "approve" and filled["action_text"] == "Approve"
+    assert filled["action_id"] == "submit" and filled["action_text"] == "Submit"
     assert "Approved: true" in filled["rendered_content"]
-    assert more[3]["data"]["outputs"]["__action_id"] == "approve"
+    assert more[3]["data"]["outputs"]["__action_id"] == "submit"
     assert more[-1]["data"]["status"] == "succeeded"
     assert more[-1]["data"]["outputs"]["greeting"].endswith("(approved: true)")
     # The tokens and steps before the pause count in the run's totals.
@@ -128,7 +128,7 @@ def test_an_expired_form_fails_the_run_with_its_timeout_event() -> None:
 def test_invalid_human_input_fails_the_run() -> None:
     engine, _events = run_engine(GREETING, FORMAL)
     assert engine.outcome is not None
-    answer = {"kind": "submission", "inputs": {"approved": "yes"}, "action": "approve"}
+    answer = {"kind": "submission", "inputs": {"approved": "yes"}, "action": "submit"}
     _, more = run_engine(GREETING, FORMAL, resume=ResumePoint(engine.outcome.state or {}, answer))
     assert more[-1]["data"]["status"] == "failed" and "approved" in more[-1]["data"]["error"]
 

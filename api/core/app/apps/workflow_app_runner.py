@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flask import current_app
@@ -75,6 +75,12 @@ def execute_run(
     )
     with log_context.bound(fields):
         return _attempt(config, transport, run, app, topic_name, identity, resume_form)
+
+
+def _in_app(flask_app: Any, work: Callable[[], None]) -> None:
+    """``work`` in the app's context: graphon calls the human-input node's callback on a thread of its own."""
+    with flask_app.app_context():
+        work()
 
 
 def _attempt(
@@ -165,7 +171,9 @@ def _attempt(
                 ),
                 should_stop=coordinator.should_stop,
                 resume=resume,
-                open_form=lambda node, form: form_store.open_form(identity.app_id, workflow_run_id, form),
+                open_form=lambda node, form: _in_app(
+                    flask_app, lambda: form_store.open_form(identity.app_id, workflow_run_id, form)
+                ),
                 form_timeout=config.HUMAN_INPUT_FORM_TIMEOUT,
                 workers=config.WORKFLOW_GRAPH_WORKERS,
             )
