@@ -95,8 +95,8 @@ def test_parameters_info_meta_and_site_answer_as_the_spec_says(harness: AppHarne
         validate_spec(response_schema("GET", path), answer.json, f"GET {path}")
     parameters = answers["/parameters"].json
     assert parameters["user_input_form"] == [
-        {"text-input": {"label": "name", "variable": "name", "required": True, "default": ""}},
-        {"text-input": {"label": "mood", "variable": "mood", "required": False, "default": "cheerful"}},
+        {"text-input": {"label": "Name", "variable": "name", "required": True, "default": "", "max_length": 256}},
+        {"text-input": {"label": "Mood", "variable": "mood", "required": False, "default": "cheerful"}},
     ]
     assert parameters["speech_to_text"] == {"enabled": False} and parameters["file_upload"]["image"]["enabled"] is False
     assert parameters["system_parameters"]["file_size_limit"] == UPLOAD_MB

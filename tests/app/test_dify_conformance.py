@@ -358,8 +358,8 @@ def test_a_streaming_run_conforms_event_by_event(target: Target) -> None:
     # The path as Dify's canvas draws it: each node names the node the engine came from.
     node_starts = [event["data"] for event in events if event["event"] == "node_started"]
     node_ends = [event["data"] for event in events if event["event"] == "node_finished"]
-    assert [node["node_id"] for node in node_starts] == ["start", "draft", "is_long", "casual_end"]
-    assert [node["predecessor_node_id"] for node in node_starts] == [None, "start", "draft", "is_long"]
+    assert [node["node_id"] for node in node_starts] == ["start", "is_formal", "draft", "casual_end"]
+    assert [node["predecessor_node_id"] for node in node_starts] == [None, "start", "is_formal", "draft"]
     assert [node["id"] for node in node_ends] == [node["id"] for node in node_starts]
     assert all(node["status"] == "succeeded" for node in node_ends)
     # The run's tokens are its llm nodes' tokens.
@@ -441,7 +441,9 @@ def test_a_form_filled_by_token_resumes_the_run(target: Target) -> None:
         i for i, e in enumerate(events) if e["event"] == "workflow_started" and e["data"]["reason"] == "resumption"
     ]
     assert len(resumptions) == 1, outline(events)
-    resumed = events[resumptions[0] :]
+    # graphon's response filter may put the end node's text before the node events around it: the order
+    # that matters is the one of the other events.
+    resumed = [event for event in events[resumptions[0] :] if event["event"] != "text_chunk"]
     assert names(resumed)[:4] == ["workflow_started", "node_started", "human_input_form_filled", "node_finished"], (
         outline(resumed)
     )

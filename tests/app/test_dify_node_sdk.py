@@ -39,7 +39,7 @@ DRIVE_TIMEOUT = 60
 GREETING: dict[str, Any] = examples.greeting()
 GREETING_TEXT = "Hello Ada! It is a wonderful day to build durable streams together."
 #: The greeting's casual path: the nodes a run with the default mood goes through, in order.
-CASUAL_PATH = ["start", "draft", "is_long", "casual_end"]
+CASUAL_PATH = ["start", "is_formal", "draft", "casual_end"]
 
 #: Every event name a Dify client may meet on this API (docs/dify-compatibility.md, "Event payloads").
 DIFY_EVENTS = {

@@ -32,7 +32,7 @@ from graphon.engine_events import (
     GraphRunStartedEvent,
     GraphRunSucceededEvent,
     NodeRunFailedEvent,
-    NodeRunSucceededEvent,
+    NodeRunStartedEvent,
 )
 from graphon.runtime.runtime_state import RuntimeState
 from graphon.runtime.variable_pool import VariablePool
@@ -245,20 +245,10 @@ class WorkflowEngine:
             engine.request_abort(reason)
 
     def _node_event(self, event: EngineEvent, callback: HumanInput) -> Iterator[dict[str, Any]]:
-        if (
-            isinstance(event, NodeRunSucceededEvent)
-            and callback.filled is not None
-            and event.node_id == callback.filled["node_id"]
-        ):
-            filled, callback.filled = callback.filled, None
-            yield self._event("human_input_form_filled", to_json(filled))
-        if (
-            isinstance(event, NodeRunFailedEvent)
-            and callback.timed_out is not None
-            and event.node_id == callback.timed_out["node_id"]
-        ):
-            timed_out, callback.timed_out = callback.timed_out, None
-            yield self._event("human_input_form_timeout", timed_out)
+        # The callback runs on a graphon thread once its node started: its form's event comes right after
+        # the node's ``node_started``, before anything graphon flushes ahead of the node's end.
+        if not isinstance(event, NodeRunStartedEvent):
+            yield from self._form_events(callback)
         for mapped in self.events.map(event):
             if (
                 self.signal.reason is not None
@@ -268,6 +258,14 @@ class WorkflowEngine:
                 # The node ended because the run was stopped (the model saw the stop between chunks).
                 mapped["data"].update(status="stopped", error=self.signal.reason)
             yield mapped
+
+    def _form_events(self, callback: HumanInput) -> Iterator[dict[str, Any]]:
+        if callback.filled is not None:
+            filled, callback.filled = callback.filled, None
+            yield self._event("human_input_form_filled", to_json(filled))
+        if callback.timed_out is not None:
+            timed_out, callback.timed_out = callback.timed_out, None
+            yield self._event("human_input_form_timeout", timed_out)
 
     def _end(
         self, terminal: EngineEvent | None, state: RuntimeState, responses: ResponseStreamFilter, callback: HumanInput

@@ -93,8 +93,7 @@ class _Prompts:
 
     def serialize(self, *, model_mode: LLMMode, prompt_messages: Sequence[PromptMessage]) -> Any:
         return [
-            {"role": message.role.value, "text": message.get_text_content(), "files": []}
-            for message in prompt_messages
+            {"role": message.role.value, "text": message.get_text_content(), "files": []} for message in prompt_messages
         ]
 
 
