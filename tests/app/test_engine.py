@@ -82,7 +82,7 @@ def test_a_formal_greeting_pauses_for_its_form_and_resumes_from_graphon_s_snapsh
     assert [field["output_variable_name"] for field in form["inputs"]] == ["approved", "note"]
     assert form["actions"] == [{"id": "submit", "title": "Submit", "button_style": "primary"}]
     # The run's variables are written into the form's content; the fields' places stay for the answer.
-    assert form["form_content"].startswith("Dear Ada, it is an honour")
+    assert form["form_content"].startswith("Hello Ada! It is a wonderful day")
     assert "{{#$output.approved#}}" in form["form_content"]
     assert len(form["form_token"]) == 22 and form["expiration_time"] > time.time() + 2 * 24 * 3600
     paused = events[-1]["data"]

@@ -8,7 +8,7 @@ mapped to Dify's stream responses (``event_mapping``) by the engine of one attem
 from __future__ import annotations
 
 from .dsl import AppDefinition, load_app, parse
-from .engine import EngineOutcome, ResumePoint, WorkflowEngine
+from .engine import EngineOutcome, ResumePoint, WorkflowEngine, graphon_version
 from .errors import WorkflowDefinitionError
 from .graph import Graph
 from .model_runtime import ModelSettings
@@ -21,6 +21,7 @@ __all__ = [
     "ResumePoint",
     "WorkflowDefinitionError",
     "WorkflowEngine",
+    "graphon_version",
     "load_app",
     "parse",
 ]

@@ -181,6 +181,8 @@ class WorkflowEngine:
                 yield self._started("initial")
                 yield self._finish("failed", None, state)
                 return
+        elif previous.get("format") != STATE_FORMAT:
+            raise RuntimeError("the run was paused by an earlier version of the app, which graphon cannot resume")
         else:
             state = RuntimeState.from_snapshot(str(previous["snapshot"]))
         callback = HumanInput(
