@@ -120,8 +120,9 @@ class ServiceSettings(BaseSettings):
         default=2,
         ge=1,
         le=16,
-        description="graphon's node threads per run. A run holds this many plus its dispatcher: a Celery "
-        "worker's threads are its concurrency times (WORKFLOW_GRAPH_WORKERS + 1) (docs/operations.md).",
+        description="graphon's node threads per run. A run holds this many plus graphon's dispatcher, the "
+        "pool's thread, its lease renewal and its watchdog: a thread-pool Celery worker runs at most its "
+        "concurrency times (WORKFLOW_GRAPH_WORKERS + 4) threads besides its own three (docs/operations.md).",
     )
     WORKFLOW_HTTP_ALLOWED_HOSTS: str = Field(
         default="",
