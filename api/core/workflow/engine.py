@@ -37,6 +37,7 @@ from graphon.engine_events import (
 from graphon.runtime.runtime_state import RuntimeState
 from graphon.runtime.variable_pool import VariablePool
 
+from .commands import StopChannel
 from .dsl import build_graph
 from .event_mapping import DifyEvents, to_json
 from .events import created_by, make_event
@@ -49,6 +50,9 @@ from .node_factory import Collaborators
 #: The layout of :attr:`EngineOutcome.state` (graphon's snapshots keep their own version inside).
 STATE_FORMAT = "graphon"
 STATE_FORMAT_VERSION = 1
+#: Seconds between two reads of the command channel by the engine itself (graphon's dispatcher reads it
+#: every 0.1 s, between nodes only); a stop sent to the channel reaches the model within this.
+CHANNEL_POLL_INTERVAL = 0.02
 #: What the run says when its consumer went away before its end.
 CONSUMER_GONE = "the run's consumer stopped reading"
 
@@ -116,6 +120,8 @@ class WorkflowEngine:
         self.workers = workers
         self.command_channel = command_channel
         self.signal = StopSignal()
+        self.channel = StopChannel(command_channel, self.signal)
+        self._polled = 0.0
         self.outcome: EngineOutcome | None = None
         previous = resume.state if resume is not None else {}
         self.events = DifyEvents(
@@ -201,7 +207,7 @@ class WorkflowEngine:
             runtime_state=state,
             collaborators=collaborators,
         )
-        engine = Engine(graph=graph, runtime_state=state, command_channel=self.command_channel, workers=self.workers)
+        engine = Engine(graph=graph, runtime_state=state, command_channel=self.channel, workers=self.workers)
         responses = ResponseStreamFilter()
         if previous is not None and previous.get("response_filter"):
             responses.loads(str(previous["response_filter"]))
@@ -239,8 +245,15 @@ class WorkflowEngine:
         yield from self._end(terminal, state, responses, callback)
 
     def _check_stop(self, engine: Engine) -> None:
+        """Between two events: the channel (an abort sent to it), then the run's stop flag."""
         if self.signal.reason is not None:
             return
+        now = time.monotonic()
+        if now - self._polled >= CHANNEL_POLL_INTERVAL:
+            self._polled = now
+            self.channel.poll()  # an abort found here reaches graphon with the commands it holds
+            if self.signal.reason is not None:
+                return
         reason = self.should_stop()
         if reason:
             self.signal.set(reason)

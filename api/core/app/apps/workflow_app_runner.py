@@ -20,6 +20,7 @@ from flask import current_app
 from api.configs import AppConfig
 from api.core.durable_stream import DurableStreamError
 from api.core.workflow import ModelSettings, ResumePoint, WorkflowEngine
+from api.core.workflow.commands import redis_channel
 from api.libs import log_context
 from api.libs.errors import STREAM_FAILED_RUN
 from api.models import App, WorkflowRun
@@ -48,10 +49,12 @@ def execute_run(
     workflow_run_id: str,
     attempt_id: str | None = None,
     resume_form: Mapping[str, Any] | None = None,
+    redis: Any | None = None,
 ) -> str | None:
     """Claim and run (or resume) the attempt; return its final status, or ``None`` if it stopped early.
 
-    ``transport`` carries the run's events (the task passes the app's configured one).
+    ``transport`` carries the run's events (the task passes the app's configured one); ``redis``, the app's
+    Redis client where it has one, carries stops to graphon (its command channel).
 
     Raises:
         AttemptNotClaimedError: Another delivery holds (or held) this attempt, or it is not current.
@@ -74,7 +77,7 @@ def execute_run(
         app_id=app.id, task_id=run.task_id, workflow_run_id=run.id, transport=config.WORKFLOW_EVENT_TRANSPORT
     )
     with log_context.bound(fields):
-        return _attempt(config, transport, run, app, topic_name, identity, resume_form)
+        return _attempt(config, transport, run, app, topic_name, identity, resume_form, redis)
 
 
 def _in_app(flask_app: Any, work: Callable[[], None]) -> None:
@@ -91,6 +94,7 @@ def _attempt(
     topic_name: str,
     identity: RunIdentity,
     resume_form: Mapping[str, Any] | None,
+    redis: Any | None,
 ) -> str | None:
     """The claimed attempt of ``run`` (whose rows are still loaded), with its log fields bound."""
     workflow_run_id = run.id
@@ -176,6 +180,7 @@ def _attempt(
                 ),
                 form_timeout=config.HUMAN_INPUT_FORM_TIMEOUT,
                 workers=config.WORKFLOW_GRAPH_WORKERS,
+                command_channel=None if redis is None else redis_channel(redis, workflow_run_id),
             )
             for event in engine.run():
                 if event["event"] == "node_started":
