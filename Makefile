@@ -146,6 +146,7 @@ bench: install
 	$(BIN)/python -m bench.postgres
 	$(BIN)/python -m bench.nats
 	$(BIN)/python -m bench.sse
+	$(BIN)/python -m bench.graphon
 
 # The fault harness (not part of make test; about 12 minutes on 2 cores): real gunicorn gevent servers and
 # Celery workers, killed workers and stores, dropping and stalled clients. Tables in docs/reliability.md.
