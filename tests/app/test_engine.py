@@ -297,3 +297,38 @@ def test_form_tokens_never_begin_with_a_dash() -> None:
     assert len(tokens) == 2_000
     assert not [token for token in tokens if token.startswith("-")]
     assert all(len(token) == 22 for token in tokens)
+
+
+def test_question_classifier_and_parameter_extractor_run_on_the_model_runtime() -> None:
+    model = {"provider": "simulated", "name": "simulated", "mode": "chat", "completion_params": {}}
+    start = {"type": "start", "title": "Start", "variables": [{"variable": "q", "label": "q", "type": "text-input"}]}
+    classes = [{"id": "1", "name": "greeting"}, {"id": "2", "name": "other"}]
+    classify = {"type": "question-classifier", "title": "C", "query_variable_selector": ["start", "q"], "model": model}
+    extract = {"type": "parameter-extractor", "title": "E", "query": ["start", "q"], "model": model}
+    who = {"name": "who", "type": "string", "description": "who is greeted", "required": False}
+    outputs = [
+        {"variable": "class", "value_selector": ["qc", "class_name"]},
+        {"variable": "who", "value_selector": ["pe", "who"]},
+    ]
+    graph = {
+        "nodes": [
+            {"id": "start", "data": start},
+            {"id": "qc", "data": {**classify, "classes": classes, "instruction": ""}},
+            {"id": "pe", "data": {**extract, "reasoning_mode": "prompt", "parameters": [who]}},
+            {"id": "end", "data": {"type": "end", "title": "End", "outputs": outputs}},
+        ],
+        "edges": [
+            {"id": "a", "source": "start", "target": "qc", "sourceHandle": "source"},
+            {"id": "b", "source": "qc", "target": "pe", "sourceHandle": "1"},
+            {"id": "c", "source": "qc", "target": "pe", "sourceHandle": "2"},
+            {"id": "d", "source": "pe", "target": "end", "sourceHandle": "source"},
+        ],
+    }
+    definition = {"kind": "app", "app": {"name": "model nodes", "mode": "workflow"}, "workflow": {"graph": graph}}
+    load_app(definition)
+    _, events = run_engine(definition, {"q": "hello there"})
+    finished = events[-1]["data"]
+    # The simulated model's answer is no category: the classifier takes its first class, as Dify's does.
+    assert finished["status"] == "succeeded" and finished["outputs"]["class"] == "greeting", finished
+    models = [e["data"] for e in events if e["event"] == "node_finished" and e["data"]["node_id"] in ("qc", "pe")]
+    assert len(models) == 2 and all(data["execution_metadata"]["total_tokens"] > 0 for data in models)
