@@ -57,3 +57,19 @@ def renamed(definition: dict[str, Any], name: str) -> dict[str, Any]:
     changed = copy.deepcopy(definition)
     changed["app"]["name"] = name
     return changed
+
+
+def shown_before_the_form(definition: dict[str, Any], *, response: str, token_delay: float) -> dict[str, Any]:
+    """A copy of the greeting whose formal draft (``response``, ``token_delay`` apart) streams to the client
+    before the form: an answer node shows it. (In the example the formal draft reaches no end node, so as in
+    Dify none of it streams; tests that cut a long stream before a pause need one.)"""
+    changed = script_model(definition, "formal_draft", response=response, token_delay=token_delay)
+    graph = graph_of(changed)
+    show = {"type": "answer", "title": "Show the draft", "answer": "{{#formal_draft.text#}}", "variables": []}
+    graph["nodes"].append({"id": "show", "data": show})
+    graph["edges"] = [edge for edge in graph["edges"] if edge["id"] != "formal_draft-approve"]
+    graph["edges"] += [
+        {"id": "formal_draft-show", "source": "formal_draft", "target": "show", "sourceHandle": "source"},
+        {"id": "show-approve", "source": "show", "target": "approve", "sourceHandle": "source"},
+    ]
+    return changed
