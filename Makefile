@@ -1,8 +1,15 @@
 # Everything runs from the project's own virtual environment, built from pyproject.toml.
-PYTHON ?= python3.11
+PYTHON_VERSION := 3.12
+PYTHON ?= python3.12
+# The interpreter that builds the venv: $(PYTHON) where it runs, else pyenv's own 3.12 (pyenv's python3.12
+# shim exists but refuses to run while pyenv's selected version is another one). Expanded only by install.
+PYTHON_EXE = $(shell $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null \
+	|| ls -d $(HOME)/.pyenv/versions/$(PYTHON_VERSION).*/bin/python$(PYTHON_VERSION) 2>/dev/null | tail -n 1)
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# Named after the interpreter's version: a venv installed by another one has no such stamp, so install runs.
+STAMP := $(VENV)/.installed-py$(PYTHON_VERSION)
+comma := ,
 
 .PHONY: install lock chromium promtool node-deps conformance-deps test-conformance lint docs test test-loaded test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
 
@@ -11,11 +18,17 @@ install: $(STAMP)
 # The Python client (sdk/python) is a package of its own; the tests and the lint use it from here.
 # The runtime dependencies at the versions of requirements.lock (the image installs the same; `make lock`
 # writes it from this environment after a deliberate upgrade).
-$(STAMP): pyproject.toml sdk/python/pyproject.toml requirements.lock
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) is required"; exit 1; }
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+# graphon (requirements-nodeps.txt) goes in without its declared dependencies: its light ones are ours in
+# pyproject.toml, its heavy ones (the document extractor's) are the `documents` extra (docs/development.md).
+$(STAMP): pyproject.toml sdk/python/pyproject.toml requirements.lock requirements-nodeps.txt
+	@test -n "$(PYTHON_EXE)" || { echo "Python $(PYTHON_VERSION) is required ($(PYTHON) does not run)"; exit 1; }
+	@# A venv another interpreter made (3.11 before) is rebuilt, never upgraded in place.
+	@if test -x $(BIN)/python && ! $(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != ($(subst .,$(comma) ,$(PYTHON_VERSION))))' 2>/dev/null; then \
+		echo "$(VENV) was made by another interpreter ($$($(BIN)/python -V 2>&1)): rebuilding it"; rm -rf $(VENV); fi
+	test -x $(BIN)/python || $(PYTHON_EXE) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps -c requirements.lock -r requirements-nodeps.txt
 	$(BIN)/python -m pip install --quiet -e sdk/python
 	@# The repository's commit-msg hook (subjects of at most 72 characters), where this is a git checkout.
 	-git rev-parse --git-dir >/dev/null 2>&1 && git config core.hooksPath tools/git-hooks
@@ -136,6 +149,7 @@ bench: install
 	$(BIN)/python -m bench.postgres
 	$(BIN)/python -m bench.nats
 	$(BIN)/python -m bench.sse
+	$(BIN)/python -m bench.graphon
 
 # The fault harness (not part of make test; about 12 minutes on 2 cores): real gunicorn gevent servers and
 # Celery workers, killed workers and stores, dropping and stalled clients. Tables in docs/reliability.md.

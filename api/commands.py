@@ -37,9 +37,8 @@ def register_commands(app: Flask) -> None:
         from api.libs.errors import ServiceError
         from api.services import app_service
 
-        definition = json.loads(pathlib.Path(path).read_text())
         try:
-            created = app_service.create_app(definition)
+            created = app_service.create_app(app_service.read_definition(pathlib.Path(path).read_text()))
         except ServiceError as exc:
             raise click.ClickException(exc.message) from exc
         click.echo(

@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 DEFAULT_WORKER_CONNECTIONS = 10000
 
@@ -238,10 +238,9 @@ def _space_full_collections(worker: Any) -> None:
     gc.set_threshold(young, middle, FULL_COLLECTION_PERIOD if period is None else max(period, 1))
 
 
-Number = TypeVar("Number", int, float)
-
-
-def _env_number(worker: Any, name: str, parse: Callable[[str], Number], refusal: str) -> Number | None:
+def _env_number[Number: (int, float)](
+    worker: Any, name: str, parse: Callable[[str], Number], refusal: str
+) -> Number | None:
     """An optional numeric setting of the environment; ``None`` (and a warning) for one that is not a number."""
     text = os.environ.get(name)
     if not text:

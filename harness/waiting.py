@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
-
-T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+def wait_until[T](check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
     """Call ``check`` until it returns something truthy, and return that; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:

@@ -249,7 +249,7 @@ def test_metrics_bind_without_the_gunicorn_config_refuses_to_start(tmp_path: pat
     assert "Traceback" not in started.stderr
 
 
-#: A version pinned to its patch release (``7.2.5``, ``v2.53.0``, ``3.11.9-slim``; PostgreSQL's are two numbers
+#: A version pinned to its patch release (``7.2.5``, ``v2.53.0``, ``3.12.8-slim``; PostgreSQL's are two numbers
 #: since version 10, ``15.7``), not a floating tag (``redis:7``, ``postgres:15``, ``latest``).
 PINNED = re.compile(r"^(postgres:\d+\.\d+|[\w./-]+:v?\d+\.\d+\.\d+)([-.][\w.]+)?$")
 REQUIRED = re.compile(r"^\$\{[A-Z_]+:\?[^}]+\}$")
@@ -305,7 +305,7 @@ def test_the_image_and_make_install_use_the_lock_and_the_lock_is_current() -> No
         assert name in locked and requirement.specifier.contains(locked[name]), (requirement, locked.get(name))
     assert lock_deps.main(["--check"]) == 0, "requirements.lock differs from this environment: `make lock`"
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    assert "pip install --no-cache-dir -r requirements.lock" in dockerfile
+    assert "pip install --no-cache-dir --no-deps -r requirements.lock" in dockerfile
     assert "pip install --no-cache-dir --no-deps ." in dockerfile
     assert "-c requirements.lock" in (ROOT / "Makefile").read_text()
     assert all(Requirement(f"{name}=={version}") for name, version in locked.items())

@@ -3,8 +3,10 @@
 The app's ``pyproject.toml`` says what it needs (``>=``); the lock says what was tested: every
 distribution its runtime dependencies pull in, with the version installed in this environment,
 walked from ``[project].dependencies`` (their extras and markers evaluated here: Linux, this
-Python). Nothing is fetched from a registry. The image installs the lock, then the app without
-dependencies; ``make install`` installs the development environment constrained by it.
+Python), plus the packages of ``requirements-nodeps.txt`` (graphon), which are installed without their
+declared dependencies and so are pinned alone. Nothing is fetched from a registry. The image installs
+the lock, then the app without dependencies; ``make install`` installs the development environment
+constrained by it.
 
     python -m tools.lock_deps          # write the lock (``make lock``)
     python -m tools.lock_deps --check  # exit 1 if the lock is not what this environment has
@@ -25,6 +27,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements.lock"
+NODEPS = ROOT / "requirements-nodeps.txt"
 HEADER = """\
 # The app's runtime dependencies, each at the version its tests ran with (python -m tools.lock_deps;
 # `make lock`). Installed by docker/Dockerfile and, as constraints, by `make install`. Do not edit by hand.
@@ -34,6 +37,12 @@ HEADER = """\
 def runtime_requirements() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     return [Requirement(text) for text in project["dependencies"]]
+
+
+def nodeps_requirements() -> list[Requirement]:
+    """The exact pins installed with ``--no-deps`` (their own dependencies are not walked)."""
+    lines = (line.split("#", 1)[0].strip() for line in NODEPS.read_text().splitlines())
+    return [Requirement(line) for line in lines if line]
 
 
 def resolve(requirements: list[Requirement]) -> dict[str, str]:
@@ -66,6 +75,8 @@ def resolve(requirements: list[Requirement]) -> dict[str, str]:
 
 def render() -> str:
     pins = resolve(runtime_requirements())
+    for requirement in nodeps_requirements():
+        pins[canonicalize_name(requirement.name)] = metadata.version(requirement.name)
     return HEADER + "".join(f"{name}=={version}\n" for name, version in sorted(pins.items()))
 
 

@@ -33,6 +33,8 @@ import sys
 import time
 from typing import Any
 
+import yaml
+
 _PRODUCER = """
 import json, sys, time
 from api.core.durable_stream import connect
@@ -112,7 +114,6 @@ def measure(
     from api.services import app_service, run_recovery
     from api.services import workflow_run_service as run_service
     from harness.app_env import base_env
-    from harness.processes import ROOT
     from harness.services import redis_url
 
     if metrics:
@@ -131,7 +132,7 @@ def measure(
         SSE_IDLE_TIMEOUT=3600,
     )
     app = create_app(AppConfig(**env))  # type: ignore[arg-type]
-    definition = json.loads((ROOT / "examples" / "greeting.json").read_text())
+    definition = yaml.safe_load((pathlib.Path(__file__).resolve().parents[1] / "examples" / "greeting.yml").read_text())
     with app.app_context():
         app_row = app_service.create_app(definition)
         run_rows = []

@@ -106,6 +106,28 @@ class ServiceSettings(BaseSettings):
     WORKFLOW_LEASE_TTL: float = Field(default=30, description="Seconds a worker's run lease lasts between renewals.")
     WORKFLOW_LLM_TOKEN_DELAY: float = Field(default=0.02, description="Default delay between simulated LLM tokens.")
     WORKFLOW_STOP_CHECK_INTERVAL: float = Field(default=1.0, description="Seconds the stop flag may be cached.")
+    WORKFLOW_MODEL_BASE_URL: str | None = Field(
+        default=None,
+        description="An OpenAI-compatible endpoint (…/v1) for llm, question-classifier and parameter-extractor "
+        "nodes. Unset: the simulated model answers (a node may also ask for it: provider 'simulated').",
+    )
+    WORKFLOW_MODEL_API_KEY: str | None = Field(
+        default=None,
+        description="Bearer key of WORKFLOW_MODEL_BASE_URL.",
+        json_schema_extra={"secret": True},
+    )
+    WORKFLOW_GRAPH_WORKERS: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="graphon's node threads per run. A run holds this many plus graphon's dispatcher, the "
+        "pool's thread, its lease renewal and its watchdog: a thread-pool Celery worker runs at most its "
+        "concurrency times (WORKFLOW_GRAPH_WORKERS + 4) threads besides its own three (docs/operations.md).",
+    )
+    WORKFLOW_HTTP_ALLOWED_HOSTS: str = Field(
+        default="",
+        description="Comma-separated hosts http-request nodes may call; an app calling another is refused.",
+    )
     BLOCKING_RESPONSE_TIMEOUT: float = Field(default=600, description="Longest wait of a blocking run request.")
     STRICT_END_USER_ACCESS: bool = Field(
         default=False,

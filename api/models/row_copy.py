@@ -8,16 +8,14 @@ transient: each request may change its own, and none holds a session or a pooled
 from __future__ import annotations
 
 import functools
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from .engine import Base
 
 __all__ = ["RowCopy"]
 
-Model = TypeVar("Model", bound=Base)
 
-
-class RowCopy(Generic[Model]):
+class RowCopy[Model: Base]:
     """The values of every column of one loaded row (read once, when it is kept)."""
 
     __slots__ = ("_model", "values")

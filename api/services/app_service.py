@@ -7,9 +7,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from flask import current_app
 from sqlalchemy import or_, select
 
-from api.core.workflow import Graph, WorkflowDefinitionError
+from api.configs import AppConfig
+from api.core.workflow import WorkflowDefinitionError, load_app, parse
 from api.libs.errors import InvalidParamError, UnauthorizedError
 from api.models import App, RowCopy
 from api.models.engine import db
@@ -18,19 +20,31 @@ from . import credentials
 from .validation import MAX_API_KEY_LENGTH, could_be_credential
 
 
-def create_app(definition: Mapping[str, Any]) -> App:
-    """Validate a workflow definition (``{"name", "mode", "graph"}``) and store it as a new app."""
-    name = definition.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise InvalidParamError("an app needs a 'name'")
-    mode = definition.get("mode", "workflow")
-    if mode != "workflow":
-        raise InvalidParamError("only 'workflow' apps are supported")
+def read_definition(text: str) -> Mapping[str, Any]:
+    """An app file's content: a Dify DSL export (YAML), or the JSON format of earlier versions.
+
+    Raises:
+        InvalidParamError: neither.
+    """
     try:
-        Graph(definition.get("graph", {}))
+        return parse(text)
     except WorkflowDefinitionError as exc:
         raise InvalidParamError(f"invalid workflow: {exc}") from exc
-    app = App(name=name.strip(), mode=mode, graph_json=json.dumps(definition["graph"]))
+
+
+def create_app(definition: Mapping[str, Any]) -> App:
+    """Check a Dify workflow DSL (``kind: app``, ``mode: workflow``) and store it as a new app.
+
+    A definition in the JSON format of earlier versions (``{"name", "mode", "graph"}``) is converted
+    into a Dify graph first; the app keeps only the Dify graph.
+    """
+    config: AppConfig = current_app.config["APP_CONFIG"]
+    hosts = frozenset(host.strip() for host in config.WORKFLOW_HTTP_ALLOWED_HOSTS.split(",") if host.strip())
+    try:
+        loaded = load_app(definition, allowed_hosts=hosts)
+    except WorkflowDefinitionError as exc:
+        raise InvalidParamError(f"invalid workflow: {exc}") from exc
+    app = App(name=loaded.name, mode=loaded.mode, graph_json=json.dumps(loaded.graph))
     db.session.add(app)
     db.session.commit()
     return app

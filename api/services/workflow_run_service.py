@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flask import current_app
+from redis.exceptions import RedisError
 from sqlalchemy import or_, select
 
 from api.configs import AppConfig
@@ -18,9 +19,11 @@ from api.core.app.apps.message_generator import MessageGenerator, StartAt
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, DurableStreamError
 from api.core.workflow import Graph
+from api.core.workflow.commands import send_abort
 from api.core.workflow.events import created_by
 from api.core.workflow.forms import pause_reason
 from api.extensions.ext_event_bus import event_transport
+from api.extensions.ext_redis import app_redis
 from api.libs.errors import (
     STREAM_FAILED_RUN,
     STREAM_UNAVAILABLE,
@@ -348,6 +351,14 @@ def stop_run(app: App, task_id: str, user: str, *, own_runs_only: bool = False) 
         return
     # The flag and, for a run no worker executes (paused, or queued and not yet claimed), its end: one
     # transaction, so that the stop is whole whatever dies next. Its topic's end follows (or the reaper's).
+    redis = app_redis()
+    if redis is not None:
+        # On the Redis profile the worker's graphon hears it at once (its command channel); the flag
+        # below is what every profile and the run's row keep.
+        try:
+            send_abort(redis, run.id, "stopped by user")
+        except RedisError:
+            logger.warning("run %s: the stop could not go through Redis; the stop flag carries it", run.id)
     if run_store.stop(run.id, "stopped by user", run.total_steps) is not None:
         db.session.refresh(run)
         logger.info("run %s: stopped while no worker executed it", run.id)

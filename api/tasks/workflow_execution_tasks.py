@@ -16,6 +16,7 @@ from sqlalchemy.exc import OperationalError
 
 from api.core.app.apps.workflow_app_runner import AttemptNotClaimedError, execute_run
 from api.extensions.ext_event_bus import event_transport
+from api.extensions.ext_redis import app_redis
 from api.services import human_input_service, idempotency, retention, run_recovery
 
 logger = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 def _execute(workflow_run_id: str, attempt_id: str | None, form: dict[str, Any] | None = None) -> str | None:
     try:
-        return execute_run(event_transport(), workflow_run_id, attempt_id, resume_form=form)
+        return execute_run(event_transport(), workflow_run_id, attempt_id, resume_form=form, redis=app_redis())
     except AttemptNotClaimedError as exc:
         logger.info("%s; checking the run instead", exc)
         run_recovery.check_run_by_id(workflow_run_id)

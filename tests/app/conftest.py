@@ -20,13 +20,14 @@ from flask.testing import FlaskClient
 
 from api.app_factory import create_app
 from api.configs import AppConfig
-from api.core.app.apps.event_codec import unstamped
+from api.core.app.apps.event_codec import stamp_of, unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.extensions.ext_durable_stream import durable_stream
 from api.models.engine import db
 from harness.app_database import app_database_uri
 from harness.app_env import base_env
-from harness.processes import ROOT, Worker, running_worker
+from harness.processes import Worker, running_worker
+from tests.app import examples
 
 
 class AppHarness:
@@ -40,7 +41,7 @@ class AppHarness:
 
     def create_app(self, definition: dict[str, Any] | str = "greeting") -> dict[str, str]:
         if isinstance(definition, str):
-            definition = json.loads((ROOT / "examples" / f"{definition}.json").read_text())
+            definition = examples.example(definition)
         path = pathlib.Path(self.env["VAR_DIR"]) / f"app-{uuid.uuid4().hex}.json"
         path.write_text(json.dumps(definition))
         result = self.app.test_cli_runner().invoke(args=["create-app", "--file", str(path)])
@@ -56,6 +57,10 @@ class AppHarness:
 
     def events(self, run_id: str, mode: str = "workflow") -> list[dict[str, Any]]:
         """Every retained event of a run, read from its topic (without waiting)."""
+        return [event for _, event in self.records(run_id, mode)]
+
+    def records(self, run_id: str, mode: str = "workflow") -> list[tuple[float, dict[str, Any]]]:
+        """Every retained event of a run with the time its writer appended it (its record's stamp)."""
         with self.app.app_context():
             topic = durable_stream().topic(workflow_run_topic(mode, run_id))
             events = []
@@ -64,7 +69,7 @@ class AppHarness:
                     record = subscription.receive(timeout=0)
                     if record is None or not hasattr(record, "payload"):
                         break
-                    events.append(json.loads(unstamped(record.payload)))
+                    events.append((stamp_of(record.payload) or 0.0, json.loads(unstamped(record.payload))))
             return events
 
     def topic_info(self, run_id: str, mode: str = "workflow") -> Any:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 import time
 
@@ -17,13 +16,14 @@ from api.models.engine import db
 from api.services import app_service
 from api.services import workflow_run_service as run_service
 from harness.app_env import base_env
-from harness.processes import ROOT, Beat, free_port
+from harness.processes import Beat, free_port
 from harness.served_stack import ServedStack
 from harness.sse import parse_sse
 from harness.sse_client import read_run
 from harness.waiting import wait_until
+from tests.app import examples
 
-GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
+GREETING = examples.greeting()
 MAX_AGE = 3.0
 
 

@@ -11,7 +11,6 @@ judged from the run's stored events (one start, one answer taken, one end) and f
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,15 +22,16 @@ from api.models import App
 from api.models.engine import db
 from api.services import task_queue
 from api.services import workflow_run_service as runs
-from harness.processes import ROOT, free_port
+from harness.processes import free_port
 from harness.waiting import wait_until
+from tests.app import examples
 from tests.app.conftest import AppHarness
 from tests.app.crash_steps import BROKERS, BUSY_RUN, FAST, Workers, assert_once, outbox_size, row, wait_ended
 from tests.app.test_service_api import slow_greeting
 
 pytestmark = pytest.mark.slow  # handed out first by make test (tests/conftest.py)
 
-GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
+GREETING = examples.greeting()
 STEPS = ("before_broker", "in_broker", "fetched", "claimed", "ended")
 FORM_ANSWER = {"inputs": {"approved": "true"}, "action": "submit", "user": "u1"}
 
@@ -39,19 +39,18 @@ FORM_ANSWER = {"inputs": {"approved": "true"}, "action": "submit", "user": "u1"}
 def slow_after_the_form(tokens: int = 4000, delay: float = 0.05) -> dict[str, Any]:
     """The greeting with approval whose resumed part streams for a long while (a worker to kill mid-way)."""
     definition = copy.deepcopy(GREETING)
-    definition["graph"]["nodes"].append(
-        {
-            "id": "slow",
-            "type": "llm",
-            "title": "Afterthought",
-            "prompt": "more",
-            "response": " ".join(f"w{i}" for i in range(tokens)),
-            "token_delay": delay,
-        }
+    slow = copy.deepcopy(examples.node_data(definition, "formal_draft"))
+    slow.update(title="Afterthought")
+    graph = examples.graph_of(definition)
+    graph["nodes"].append({"id": "slow", "data": slow})
+    graph["edges"] = [edge for edge in graph["edges"] if edge["source"] != "approve"]
+    graph["edges"] += [
+        {"id": "approve-slow", "source": "approve", "target": "slow", "sourceHandle": "source"},
+        {"id": "slow-final", "source": "slow", "target": "final", "sourceHandle": "source"},
+    ]
+    definition = examples.script_model(
+        definition, "slow", response=" ".join(f"w{i}" for i in range(tokens)), token_delay=delay
     )
-    edges = [edge for edge in definition["graph"]["edges"] if edge["source"] != "approve"]
-    edges += [{"source": "approve", "target": "slow"}, {"source": "slow", "target": "final"}]
-    definition["graph"]["edges"] = edges
     return definition
 
 

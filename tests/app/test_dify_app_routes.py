@@ -5,7 +5,6 @@ version, file uploads (and files as inputs of runs and forms), end users, speech
 from __future__ import annotations
 
 import io
-import json
 import pathlib
 import time
 import uuid
@@ -16,12 +15,13 @@ import pytest
 from werkzeug.datastructures import FileStorage, MultiDict
 from werkzeug.test import encode_multipart
 
-from harness.processes import ROOT, running_worker
+from harness.processes import running_worker
 from harness.waiting import wait_until
+from tests.app import examples
 from tests.app.conftest import AppHarness
 from tests.app.dify_spec import event_schema, response_schema, spec_errors, validate_spec
 
-GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
+GREETING = examples.greeting()
 #: A document upload may be at most this many MB in these tests (so that a too large one stays small).
 UPLOAD_MB = 1
 
@@ -95,8 +95,8 @@ def test_parameters_info_meta_and_site_answer_as_the_spec_says(harness: AppHarne
         validate_spec(response_schema("GET", path), answer.json, f"GET {path}")
     parameters = answers["/parameters"].json
     assert parameters["user_input_form"] == [
-        {"text-input": {"label": "name", "variable": "name", "required": True, "default": ""}},
-        {"text-input": {"label": "mood", "variable": "mood", "required": False, "default": "cheerful"}},
+        {"text-input": {"label": "Name", "variable": "name", "required": True, "default": "", "max_length": 256}},
+        {"text-input": {"label": "Mood", "variable": "mood", "required": False, "default": "cheerful"}},
     ]
     assert parameters["speech_to_text"] == {"enabled": False} and parameters["file_upload"]["image"]["enabled"] is False
     assert parameters["system_parameters"]["file_size_limit"] == UPLOAD_MB

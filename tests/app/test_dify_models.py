@@ -10,7 +10,6 @@ lacks a field a Dify client expects, or has one Dify's model does not know, fail
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from collections.abc import Iterator
@@ -18,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from api.core.workflow import Graph, WorkflowEngine
-from api.core.workflow.engine import ResumePoint
-from harness.processes import ROOT
+from api.core.workflow import ResumePoint, WorkflowEngine
+from tests.app import examples
 from tests.app.dify_spec import event_schema, validate_spec
+from tests.app.loopback import failing_service
 
-GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())["graph"]
+GREETING = examples.greeting()
 
 #: ``StreamResponse`` and its workflow wrapper: what is around every event's data.
 ENVELOPE = {"event", "task_id", "workflow_run_id", "data"}
@@ -52,6 +51,30 @@ DIFY_DATA_FIELDS: dict[str, set[str]] = {
         "node_id", "node_title", "rendered_content", "action_id", "action_text", "submitted_data",
     },
     "human_input_form_timeout": {"node_id", "node_title", "expiration_time"},
+    "node_retry": {
+        "id", "node_id", "node_type", "title", "index", "predecessor_node_id", "inputs", "inputs_truncated",
+        "process_data", "process_data_truncated", "outputs", "outputs_truncated", "status", "error",
+        "elapsed_time", "execution_metadata", "created_at", "finished_at", "files", "iteration_id", "loop_id",
+        "retry_index",
+    },
+    "iteration_started": {
+        "id", "node_id", "node_type", "title", "created_at", "extras", "metadata", "inputs", "inputs_truncated",
+    },
+    "iteration_next": {"id", "node_id", "node_type", "title", "index", "created_at", "extras"},
+    "iteration_completed": {
+        "id", "node_id", "node_type", "title", "outputs", "outputs_truncated", "created_at", "extras", "inputs",
+        "inputs_truncated", "status", "error", "elapsed_time", "total_tokens", "execution_metadata", "finished_at",
+        "steps",
+    },
+    "loop_started": {
+        "id", "node_id", "node_type", "title", "created_at", "extras", "metadata", "inputs", "inputs_truncated",
+    },
+    "loop_next": {"id", "node_id", "node_type", "title", "index", "created_at", "pre_loop_output", "extras"},
+    "loop_completed": {
+        "id", "node_id", "node_type", "title", "outputs", "outputs_truncated", "created_at", "extras", "inputs",
+        "inputs_truncated", "status", "error", "elapsed_time", "total_tokens", "execution_metadata", "finished_at",
+        "steps",
+    },
     "workflow_finished": {
         "id", "workflow_id", "status", "outputs", "error", "elapsed_time", "total_tokens", "total_steps",
         "created_by", "created_at", "finished_at", "exceptions_count", "files",
@@ -82,22 +105,22 @@ DIFY_METADATA_KEYS = {
 }  # fmt: skip
 
 
-def engine(graph: dict[str, Any], inputs: dict[str, Any], **kwargs: Any) -> WorkflowEngine:
+def engine(definition: dict[str, Any], inputs: dict[str, Any], **kwargs: Any) -> WorkflowEngine:
     return WorkflowEngine(
-        Graph(graph),
+        examples.graph_of(definition),
         app_id="app",
         task_id="task",
         workflow_run_id="run",
         inputs=inputs,
         user="u",
         created_at=time.time(),
-        token_delay=0,
         **kwargs,
     )
 
 
 def all_kinds() -> Iterator[tuple[str, dict[str, Any]]]:
-    """One run of every outcome: finished, paused, resumed by a filled form, timed out, failed, stopped."""
+    """One run of every outcome (finished, paused, resumed by a filled form, timed out, failed, stopped) and
+    every example: an iteration, a loop, an HTTP request retried against a failing loopback service."""
     formal = {"name": "Ada", "mood": "formal"}
     for event in engine(GREETING, {"name": "Ada"}).run():
         yield "finished", event
@@ -111,18 +134,26 @@ def all_kinds() -> Iterator[tuple[str, dict[str, Any]]]:
         yield "resumed", event
     for event in engine(GREETING, formal, resume=ResumePoint(state, {"kind": "timeout"})).run():
         yield "timed out", event
-    failing = copy.deepcopy(GREETING)
-    failing["nodes"][1].update({"error_after_tokens": 2, "error": "the model failed"})
+    failing = examples.script_model(GREETING, error_after_tokens=2, error="the model failed")
     for event in engine(failing, {"name": "Ada"}).run():
         yield "failed", event
     asked: list[int] = []
 
     def stop_after_some_text() -> str | None:
         asked.append(1)
-        return "stopped by user" if len(asked) > 4 else None
+        return "stopped by user" if len(asked) > 6 else None
 
     for event in engine(GREETING, {"name": "Ada"}, should_stop=stop_after_some_text).run():
         yield "stopped", event
+    for event in engine(examples.example("iteration"), {"people": {"names": ["Ada", "Grace"]}}).run():
+        yield "iteration", event
+    for event in engine(examples.example("loop"), {"target": 2}).run():
+        yield "loop", event
+    with failing_service() as url:
+        retried = examples.example("http")
+        examples.node_data(retried, "ask")["url"] = url
+        for event in engine(retried, {"name": "Ada"}).run():
+            yield "retried", event
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +170,7 @@ def test_every_kind_of_event_is_emitted(events: list[tuple[str, dict[str, Any]]]
         "failed",
         "stopped",
     }
+    assert {event["data"]["status"] for _, event in events if event["event"] == "node_retry"} == {"retry"}
 
 
 def test_every_event_conforms_to_the_published_spec(events: list[tuple[str, dict[str, Any]]]) -> None:

@@ -27,6 +27,7 @@ import requests
 from harness.app_env import base_env
 from harness.processes import ROOT
 from harness.served_stack import ServedStack
+from tests.app import examples
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,10 +36,10 @@ DRIVER = DRIVER_DIR / "drive.mjs"
 #: A scenario's own budget; drive.mjs gives up (and reports what it had) a little before this.
 DRIVE_TIMEOUT = 60
 
-GREETING: dict[str, Any] = json.loads((ROOT / "examples" / "greeting.json").read_text())
+GREETING: dict[str, Any] = examples.greeting()
 GREETING_TEXT = "Hello Ada! It is a wonderful day to build durable streams together."
 #: The greeting's casual path: the nodes a run with the default mood goes through, in order.
-CASUAL_PATH = ["start", "draft", "is_long", "casual_end"]
+CASUAL_PATH = ["start", "is_formal", "draft", "casual_end"]
 
 #: Every event name a Dify client may meet on this API (docs/dify-compatibility.md, "Event payloads").
 DIFY_EVENTS = {
@@ -152,8 +153,8 @@ def slow_greeting() -> dict[str, Any]:
     reaches the run while it is still writing."""
     definition = copy.deepcopy(GREETING)
     definition["name"] = "Slow greeting for the Node SDK"
-    definition["graph"]["nodes"][1]["response"] = " ".join(f"word{i}" for i in range(300))
-    definition["graph"]["nodes"][1]["token_delay"] = 0.01
+    definition = examples.script_model(definition, response=" ".join(f"word{i}" for i in range(300)))
+    definition = examples.script_model(definition, token_delay=0.01)
     return definition
 
 

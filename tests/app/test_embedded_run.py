@@ -59,7 +59,7 @@ def served(tmp_path: pathlib.Path) -> Iterator[tuple[str, dict[str, str]]]:
 
 def create_app(env: dict[str, str]) -> dict[str, str]:
     created = subprocess.run(
-        [str(BIN / "flask"), "--app", "api.app", "create-app", "--file", "examples/greeting.json"],
+        [str(BIN / "flask"), "--app", "api.app", "create-app", "--file", "examples/greeting.yml"],
         cwd=ROOT,
         env={**env, "DEPLOY_ENV": "DEVELOPMENT"},
         capture_output=True,

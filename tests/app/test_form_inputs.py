@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from api.core.workflow import Graph, WorkflowDefinitionError, WorkflowEngine
-from api.core.workflow.engine import ResumePoint
+from api.core.workflow import Graph, ModelSettings, ResumePoint, WorkflowDefinitionError, WorkflowEngine
 from api.core.workflow.forms import InvalidSubmissionError, check_submission
 
 #: Every type of Dify's form input union, one field each, with every setting a graph may give them.
@@ -32,15 +31,28 @@ FIELDS: list[dict[str, Any]] = [
 
 
 def graph(fields: list[dict[str, Any]] | None = None, **node: Any) -> dict[str, Any]:
-    ask = {"id": "ask", "type": "human_input", "title": "Review", "form": FIELDS if fields is None else fields, **node}
+    """A Dify graph: start, a human-input node ``ask`` with ``fields`` (Dify's ``inputs``), end."""
+    inputs = [
+        {**{key: value for key, value in field.items() if key != "name"}, "output_variable_name": field.get("name")}
+        for field in (FIELDS if fields is None else fields)
+    ]
+    renamed = {"actions": "user_actions"}
+    ask = {"type": "human-input", "title": "Review", "inputs": inputs}
+    ask.update({renamed.get(key, key): value for key, value in node.items()})
+    variables = [{"variable": name, "label": name, "type": "paragraph"} for name in ("name", "flavours")]
     return {
         "nodes": [
-            {"id": "start", "type": "start", "variables": [{"name": "name"}, {"name": "flavours"}]},
-            ask,
-            {"id": "end", "type": "end", "outputs": {"decision": "{{ask.decision}}"}},
+            {"id": "start", "data": {"type": "start", "title": "Start", "variables": variables}},
+            {"id": "ask", "data": ask},
+            {"id": "end", "data": {"type": "end", "title": "End", "outputs": [
+                {"variable": "decision", "value_selector": ["ask", "decision"]},
+            ]}},
         ],
-        "edges": [{"source": "start", "target": "ask"}, {"source": "ask", "target": "end"}],
-    }
+        "edges": [
+            {"id": "e1", "source": "start", "target": "ask", "sourceHandle": "source"},
+            {"id": "e2", "source": "ask", "target": "end", "sourceHandle": "source"},
+        ],
+    }  # fmt: skip
 
 
 INPUTS = {"name": "Ada", "flavours": ["vanilla", "mint"]}
@@ -50,14 +62,14 @@ PHOTO = {"type": "image", "transfer_method": "remote_url", "url": "https://examp
 
 def run(definition: dict[str, Any], **kwargs: Any) -> tuple[WorkflowEngine, list[dict[str, Any]]]:
     engine = WorkflowEngine(
-        Graph(definition),
+        definition,
         app_id="app",
         task_id="task",
         workflow_run_id="run",
         inputs=INPUTS,
         user="u",
         created_at=time.time(),
-        token_delay=0,
+        models=ModelSettings(token_delay=0),
         **kwargs,
     )
     return engine, list(engine.run())
@@ -198,14 +210,14 @@ def test_options_that_are_not_a_list_of_strings_fail_the_node_not_the_engine() -
     inputs = copy.deepcopy(INPUTS)
     inputs["flavours"] = "vanilla"
     engine = WorkflowEngine(
-        Graph(graph()),
+        graph(),
         app_id="app",
         task_id="task",
         workflow_run_id="run",
         inputs=inputs,
         user="u",
         created_at=time.time(),
-        token_delay=0,
+        models=ModelSettings(token_delay=0),
     )
     events = list(engine.run())
     assert [event["event"] for event in events][-2:] == ["node_finished", "workflow_finished"]

@@ -20,20 +20,25 @@ from api.models import HumanInputForm, TaskOutbox, WorkflowRun
 from api.models.engine import db
 from api.services.task_queue import dispatch_due
 from harness.app_database import APP_DATABASES
-from harness.processes import ROOT, free_port
+from harness.processes import free_port
 from harness.waiting import wait_until
+from tests.app import examples
 from tests.app.conftest import AppHarness
 from tests.app.test_service_api import wait_for_status
 
 pytestmark = pytest.mark.parametrize("app_database", APP_DATABASES, indirect=True, scope="module")
 
-GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
+GREETING = examples.greeting()
 
 
 def with_form(**changes: Any) -> dict[str, Any]:
     """The greeting app whose human-input node has ``changes`` (actions, a timeout)."""
     definition = copy.deepcopy(GREETING)
-    definition["graph"]["nodes"][3].update(changes)
+    renamed = {"actions": "user_actions"}
+    data = examples.node_data(definition, "approve")
+    data.update({renamed.get(key, key): value for key, value in changes.items()})
+    if "timeout" in changes:
+        data["timeout_unit"] = "second"
     return definition
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import json
 import pathlib
 import subprocess
 import sys
@@ -31,11 +30,12 @@ from harness.processes import ROOT, Worker, process_env
 from harness.served_stack import GunicornServer
 from harness.services import redis_url
 from harness.waiting import wait_until
+from tests.app import examples
 from tests.app.test_service_api import slow_greeting
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
-GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
+GREETING = examples.greeting()
 #: Where the limits count: the database (no Redis configured: the embedded profile) or the app's Redis.
 STORES = {"database": {}, "redis": {"REDIS_URL": redis_url(0)}}
 
@@ -221,6 +221,7 @@ import sys, time
 from api.app_factory import create_app
 from api.configs import AppConfig
 from api.services import limits
+from tests.app import examples
 
 app = create_app(AppConfig())
 with app.app_context():

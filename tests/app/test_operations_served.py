@@ -19,13 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.core.app.apps.topics import workflow_run_topic
 from api.extensions.ext_durable_stream import durable_stream
 from harness.app_env import base_env
-from harness.processes import ROOT, Worker, free_port
+from harness.processes import Worker, free_port
 from harness.served_stack import GunicornServer, ServedStack
 from harness.sse import parse_sse
 from harness.sse_client import read_run
 from harness.waiting import wait_until
+from tests.app import examples
 
-GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
+GREETING = examples.greeting()
 
 
 class Scraper:
@@ -145,8 +146,8 @@ def test_counters_move_as_runs_stream_resume_expire_and_fail(stack: tuple[Served
 
     # A run fails (its model errs): counted by terminal status on the worker.
     failing = copy.deepcopy(GREETING)
-    failing["graph"]["nodes"][1]["error_after_tokens"] = 2
-    failing["graph"]["nodes"][1]["error"] = "model overloaded"
+    failing = examples.script_model(failing, error_after_tokens=2)
+    failing = examples.script_model(failing, error="model overloaded")
     _, failed = _stream(url, served.create_app(failing))
     assert failed[-1].json["data"]["status"] == "failed"
     worker.wait_for("workflow_runs_finished_total", 1, status="failed")

@@ -28,14 +28,14 @@ from api.configs import AppConfig
 from api.durable_streams_app import create_gateway_app
 from api.services import credentials
 from harness.app_env import base_env
-from harness.processes import ROOT
 from harness.served_stack import GunicornServer, ServedStack
 from harness.sse import SseMessage, parse_sse
 from harness.waiting import wait_until
+from tests.app import examples
 
 pytestmark = pytest.mark.timeout(120)
 
-GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
+GREETING = examples.greeting()
 #: A run id no app has: an accepted key gets 404 for it (whatever its code), a refused one 401.
 NO_SUCH_RUN = "/v1/workflows/run/00000000-0000-4000-8000-000000000000"
 

@@ -11,22 +11,24 @@ from typing import Any
 
 import pytest
 
+from api.models import App
+from api.models.engine import db
 from harness.app_database import APP_DATABASES
-from harness.processes import ROOT
 from harness.waiting import wait_until
+from tests.app import examples
 from tests.app.conftest import AppHarness
 
 # Every test once on SQLite and once on PostgreSQL (a private schema): the API answers the same on both.
 pytestmark = pytest.mark.parametrize("app_database", APP_DATABASES, indirect=True, scope="module")
 
-GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
+GREETING = examples.greeting()
 
 
 def slow_greeting(delay: float = 0.05, tokens: int = 200) -> dict[str, Any]:
     definition = copy.deepcopy(GREETING)
     definition["name"] = "Slow greeting"
-    definition["graph"]["nodes"][1]["response"] = " ".join(f"word{i}" for i in range(tokens))
-    definition["graph"]["nodes"][1]["token_delay"] = delay
+    definition = examples.script_model(definition, response=" ".join(f"word{i}" for i in range(tokens)))
+    definition = examples.script_model(definition, token_delay=delay)
     return definition
 
 
@@ -63,7 +65,7 @@ def test_create_app_command_prints_the_api_key(harness: AppHarness) -> None:
 
 def test_create_app_refuses_an_invalid_workflow(harness: AppHarness, tmp_path: Any) -> None:
     broken = copy.deepcopy(GREETING)
-    broken["graph"]["edges"] = []
+    examples.graph_of(broken)["nodes"].append({"id": "sandboxed", "data": {"type": "code", "title": "Code"}})
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(broken))
     result = harness.app.test_cli_runner().invoke(args=["create-app", "--file", str(path)])
@@ -217,7 +219,7 @@ def test_stopping_a_paused_run_ends_it_in_the_api(harness: AppHarness, greeting:
 
 def test_a_failing_node_fails_the_run_and_seals(harness: AppHarness) -> None:
     definition = copy.deepcopy(GREETING)
-    definition["graph"]["nodes"][1].update({"error_after_tokens": 2, "error": "model overloaded"})
+    definition = examples.script_model(definition, error_after_tokens=2, error="model overloaded")
     key = harness.create_app(definition)["api_key"]
     body = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Gus"}, "user": "u1"}).json
     assert body["data"]["status"] == "failed" and body["data"]["error"] == "model overloaded"
@@ -278,9 +280,15 @@ def test_a_killed_worker_is_caught_by_the_lease(make_harness: Callable[..., AppH
 
 
 def test_an_engine_that_raises_ends_the_run_failed_and_sealed(harness: AppHarness) -> None:
-    definition = copy.deepcopy(GREETING)
-    definition["graph"]["nodes"][1]["token_delay"] = "fast"  # passes validation, breaks the engine mid-run
-    key = harness.create_app(definition)["api_key"]
+    created = harness.create_app("greeting")
+    key = created["api_key"]
+    with harness.app.app_context():  # a graph graphon cannot build, as if the stored app were damaged
+        app_row = db.session.get(App, created["app_id"])
+        assert app_row is not None
+        nodes = [{"id": "start", "data": {"type": "start"}}, {"id": "x", "data": {"type": "teleport"}}]
+        edges = [{"id": "e", "source": "start", "target": "x", "sourceHandle": "source"}]
+        app_row.graph_json = json.dumps({"nodes": nodes, "edges": edges})
+        db.session.commit()
     body = harness.post("/v1/workflows/run", key, {"inputs": {"name": "Max"}, "user": "u1"}).json
     # The error is for users: what happened, not the exception's text (that is in the worker's log).
     assert body["data"]["status"] == "failed" and body["data"]["error"] == "the run failed on an internal error"

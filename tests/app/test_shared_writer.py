@@ -34,6 +34,7 @@ from harness.served_stack import ServedStack
 from harness.sse import SseMessage, parse_sse
 from harness.sse_client import Connection, read_run
 from harness.waiting import wait_until
+from tests.app import examples
 from tests.app.test_operations_served import GREETING, Scraper
 from tests.app.test_service_api import slow_greeting
 
@@ -230,7 +231,7 @@ def test_the_clients_of_a_run_share_one_writer_and_each_gets_the_run_exactly(sta
 def test_a_client_that_stops_reading_holds_nobody_up_and_misses_nothing(stack: Stack) -> None:
     definition = copy.deepcopy(slow_greeting(delay=0.002, tokens=200))
     # 3 MB of events: more than the socket buffers of both ends hold.
-    definition["graph"]["nodes"][1]["response"] = " ".join(f"w{i}" + "x" * 16000 for i in range(200))
+    definition = examples.script_model(definition, response=" ".join(f"w{i}" + "x" * 16000 for i in range(200)))
     key = stack.served.create_app(definition)
     slow_before = stack.api.value("workflow_sse_handbacks_total", reason="slow")
     task_id, run_id = stack.start(key, {"name": "Ada"})
@@ -333,8 +334,8 @@ def test_a_streaming_start_is_delivered_by_its_runs_writer(stack: Stack) -> None
 
 def test_a_pause_ends_the_joined_clients_that_stop_at_pauses_and_no_others(stack: Stack) -> None:
     definition = copy.deepcopy(GREETING)
-    definition["graph"]["nodes"][1]["response"] = " ".join(f"word{i}" for i in range(150))
-    definition["graph"]["nodes"][1]["token_delay"] = 0.02
+    definition = examples.script_model(definition, response=" ".join(f"word{i}" for i in range(150)))
+    definition = examples.script_model(definition, token_delay=0.02)
     key = stack.served.create_app(definition)
     task_id, run_id = stack.start(key, {"name": "Eve", "mood": "formal"})
     stopping = RawClient(stack.url, key, task_id).read(3)

@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
 
 import pytest
 import redis
@@ -58,8 +57,6 @@ ARRIVAL_DEADLINE = 10.0
 CLOSE_UNBLOCK_BOUND = 0.1
 OUTAGE_BOUND = 2.0
 
-T = TypeVar("T")
-
 
 def unique_name() -> str:
     return f"topic-{uuid.uuid4().hex}"
@@ -93,7 +90,7 @@ def receive_until(subscription: Subscription, last: bytes, timeout: float = ARRI
     return received
 
 
-class Background(Generic[T]):
+class Background[T]:
     """Runs ``fn`` in a thread (a greenlet under gevent) and records how and when it ended."""
 
     def __init__(self, fn: Callable[[], T]) -> None:

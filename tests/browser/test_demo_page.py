@@ -32,6 +32,7 @@ from api.models.engine import db
 from harness.app_env import base_env
 from harness.served_stack import GunicornServer, ServedStack
 from harness.tcp_relay import TcpRelay, http_response
+from tests.app import examples
 from tests.app.test_service_api import slow_greeting
 from tests.browser.conftest import open_tokens, runs_with_input, stored_events, trim_topic
 
@@ -99,7 +100,8 @@ def worker_holding(server: GunicornServer, client_ports: list[int]) -> int:
 def test_the_demo_survives_three_cuts_and_renders_the_stored_run_exactly(
     page: Page, stack: ServedStack, relay: TcpRelay, tmp_path: pathlib.Path
 ) -> None:
-    key = stack.create_app(slow_greeting(delay=TOKEN_DELAY, tokens=TOKENS))
+    words = " ".join(f"word{i}" for i in range(TOKENS))
+    key = stack.create_app(examples.shown_before_the_form(examples.greeting(), response=words, token_delay=TOKEN_DELAY))
     sent: list[str] = []
     page.on("request", lambda request: sent.append(f"{request.method} {request.url.removeprefix(relay.url)}"))
     page.goto(f"{relay.url}/demo")

@@ -23,7 +23,7 @@ from api.services import app_service
 from api.services.durable_streams_gateway import access
 from api.services.durable_streams_gateway.errors import GatewayError
 from api.services.durable_streams_gateway.metadata import MetadataStore, StreamMeta
-from harness.processes import ROOT
+from tests.app import examples
 
 from .gateway import ADAPTERS, adapter_store, adapter_url
 from .store_calls import StoreCalls
@@ -154,7 +154,7 @@ def test_hostile_input_is_refused_without_a_500(tmp_path: pathlib.Path) -> None:
 def test_api_keys_scope_streams_and_runs(tmp_path: pathlib.Path) -> None:
     app = gateway_app(tmp_path, adapter_url("sqlite", tmp_path), anonymous=False)
     client = app.test_client()
-    definition = json.loads((ROOT / "examples" / "greeting.json").read_text())
+    definition = examples.greeting()
     with app.app_context():
         one, two = (app_service.create_app(definition) for _ in range(2))
         ids = one.id, two.id

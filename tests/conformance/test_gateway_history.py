@@ -4,7 +4,6 @@ past the tail is 400, a 204 has no media type, a run's stream exists as soon as 
 
 from __future__ import annotations
 
-import json
 import pathlib
 import uuid
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from api.models import WorkflowRun
 from api.models.engine import db
 from api.services import app_service
 from api.services.durable_streams_gateway.offsets import parse_offset
-from harness.processes import ROOT
+from tests.app import examples
 from tests.durable_stream import hooks
 
 from .gateway import ADAPTERS, adapter_store, adapter_url
@@ -140,7 +139,7 @@ def test_answers_without_a_body_have_no_content_type(tmp_path: pathlib.Path) -> 
 def test_a_runs_stream_exists_as_soon_as_the_run_is_accepted(tmp_path: pathlib.Path) -> None:
     app = gateway_app(tmp_path, adapter_url("sqlite", tmp_path), anonymous=False)
     client = app.test_client()
-    definition = json.loads((ROOT / "examples" / "greeting.json").read_text())
+    definition = examples.greeting()
     with app.app_context():
         owner = app_service.create_app(definition)
         key = {"Authorization": f"Bearer {owner.api_key}"}

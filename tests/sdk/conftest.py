@@ -24,12 +24,12 @@ from durable_workflow_client import RetryPolicy
 from sqlalchemy import func, select
 
 from harness.app_env import base_env
-from harness.processes import ROOT
 from harness.redis_server import RedisServer
 from harness.served_stack import ServedStack
 from harness.tcp_relay import TcpRelay
+from tests.app import examples
 
-GREETING = json.loads((ROOT / "examples" / "greeting.json").read_text())
+GREETING = examples.greeting()
 #: Reconnects come quickly in tests (the budget still counts them).
 FAST_RETRY = RetryPolicy(initial_delay=0.01, max_delay=0.5, max_attempts=20)
 
@@ -38,8 +38,8 @@ def slow_greeting(delay: float, tokens: int) -> dict[str, Any]:
     """The greeting app whose LLM node streams ``tokens`` words, ``delay`` seconds apart."""
     definition: dict[str, Any] = copy.deepcopy(GREETING)
     definition["name"] = f"Greeting of {tokens} words"
-    definition["graph"]["nodes"][1]["response"] = " ".join(f"word{i}" for i in range(tokens))
-    definition["graph"]["nodes"][1]["token_delay"] = delay
+    definition = examples.script_model(definition, response=" ".join(f"word{i}" for i in range(tokens)))
+    definition = examples.script_model(definition, token_delay=delay)
     return definition
 
 
@@ -47,7 +47,7 @@ def failing_greeting() -> dict[str, Any]:
     """The greeting app whose model fails after three words."""
     definition = slow_greeting(0.001, 20)
     definition["name"] = "Failing greeting"
-    definition["graph"]["nodes"][1].update({"error_after_tokens": 3, "error": "the model failed on purpose"})
+    definition = examples.script_model(definition, error_after_tokens=3, error="the model failed on purpose")
     return definition
 
 

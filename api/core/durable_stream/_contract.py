@@ -18,9 +18,7 @@ import enum
 import types
 from abc import abstractmethod
 from contextlib import AbstractContextManager
-from typing import NewType, Protocol, Self
-
-from typing_extensions import override
+from typing import NewType, Protocol, Self, override
 
 __all__ = [
     "CLOSED",

@@ -24,11 +24,9 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 __all__ = ["HubWake", "ThreadWake", "Wake", "gevent_active", "new_wake", "run_blocking", "yield_to_greenlets"]
-
-T = TypeVar("T")
 
 
 class Wake(Protocol):
@@ -51,7 +49,7 @@ def gevent_active() -> bool:
     return bool(monkey.is_module_patched("threading"))
 
 
-def run_blocking(fn: Callable[[], T]) -> T:
+def run_blocking[T](fn: Callable[[], T]) -> T:
     """Run ``fn``, in gevent's threadpool when gevent is active, and return its result or raise its error."""
     if not gevent_active():
         return fn()
@@ -75,7 +73,7 @@ class _Raised:
         self.error = error
 
 
-def _capturing(fn: Callable[[], T]) -> T | _Raised:
+def _capturing[T](fn: Callable[[], T]) -> T | _Raised:
     # gevent's hub prints a traceback to stderr for every error a threadpool task raises, even
     # when the caller expects and handles it (a sealed topic, a busy database file).
     try:

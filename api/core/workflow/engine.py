@@ -1,53 +1,71 @@
-"""Runs a workflow graph and yields its events, one execution attempt at a time.
+"""Runs one execution attempt of a workflow run on graphon and yields Dify's events.
 
-An attempt ends in exactly one of: ``workflow_finished`` (succeeded, failed or stopped) or
-``workflow_paused`` at a human-input node, after which :attr:`WorkflowEngine.outcome` holds the
-state a later attempt resumes from. Events carry every field Dify's Workflow App API documents for
-them (``docs/dify-compatibility.md``): each node says where the engine came from and what it read,
-the simulated model what it spent, and a pause the form that answers it. Node failures end the run as
-``failed`` through the normal event path; anything else the engine raises is the caller's to turn
-into a failed run.
+An attempt ends in exactly one of: ``workflow_finished`` (succeeded, partial-succeeded, failed or
+stopped) or ``workflow_paused`` at a human-input node, after which :attr:`WorkflowEngine.outcome`
+holds the state a later attempt resumes from: graphon's own snapshot (``RuntimeState.dumps()``) and
+its response filter's, with the format and graphon's version recorded beside them.
+
+A stop reaches graphon through its command channel (an abort, seen by its dispatcher between nodes)
+and the model runtime through the run's :class:`StopSignal` (seen between chunks). A consumer that
+stops iterating stops the run the same way, and closing the engine's iterator joins its threads: no
+node of the run keeps running.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import secrets
+import json
 import time
-import uuid
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from importlib import metadata
 from typing import Any
 
-from .errors import NodeRunError
-from .events import created_by, make_event, now
-from .forms import FormTicket, action_title, check_submission, pause_reason, public_form, rendered_content
-from .graph import Graph, Node
-from .nodes import (
-    LlmResult,
-    StopRequested,
-    evaluate_if_else,
-    node_inputs,
-    run_end,
-    run_llm,
-    run_start,
-    run_template,
+from graphon.engine import Engine
+from graphon.engine.command import CommandChannel
+from graphon.engine.filter import EngineEventFilterContext, ResponseStreamFilter, filter_engine_events
+from graphon.engine_events import (
+    EngineEvent,
+    GraphRunAbortedEvent,
+    GraphRunFailedEvent,
+    GraphRunPartialSucceededEvent,
+    GraphRunPausedEvent,
+    GraphRunStartedEvent,
+    GraphRunSucceededEvent,
+    NodeRunFailedEvent,
+    NodeRunStartedEvent,
 )
-from .variables import VariablePool
+from graphon.runtime.runtime_state import RuntimeState
+from graphon.runtime.variable_pool import VariablePool
 
-#: How long a form waits for its answer when its node sets no ``timeout`` (Dify's default: 3 days).
-DEFAULT_FORM_TIMEOUT = 3 * 24 * 3600.0
-FORM_EXPIRED = "the human input form expired"
+from .commands import StopChannel
+from .dsl import build_graph
+from .event_mapping import DifyEvents, to_json
+from .events import created_by, make_event
+from .forms import pause_reason
+from .graph import Graph
+from .human_input import DEFAULT_FORM_TIMEOUT, FormOpener, HumanInput
+from .model_runtime import ModelSettings, StopSignal
+from .node_factory import Collaborators
+
+#: The layout of :attr:`EngineOutcome.state` (graphon's snapshots keep their own version inside).
+STATE_FORMAT = "graphon"
+STATE_FORMAT_VERSION = 1
+#: Seconds between two reads of the command channel by the engine itself (graphon's dispatcher reads it
+#: every 0.1 s, between nodes only); a stop sent to the channel reaches the model within this.
+CHANNEL_POLL_INTERVAL = 0.02
+#: What the run says when its consumer went away before its end.
+CONSUMER_GONE = "the run's consumer stopped reading"
 
 
 @dataclasses.dataclass
 class EngineOutcome:
-    status: str  # succeeded | failed | stopped | paused
+    status: str  # succeeded | partial-succeeded | failed | stopped | paused
     outputs: dict[str, Any] | None = None
     error: str | None = None
-    #: For ``paused``: what a resumed attempt needs (paused node, variable pool, step count, its form).
+    #: For ``paused``: what a resumed attempt needs (snapshots, paused node, its form, the counts).
     state: dict[str, Any] | None = None
     steps: int = 0
-    #: The simulated model's tokens over the whole run so far (all attempts).
+    #: The model's tokens over the whole run so far (all attempts).
     tokens: int = 0
 
 
@@ -56,64 +74,21 @@ class ResumePoint:
     """Where a resumed attempt starts: the state saved at the pause and what ended the wait.
 
     ``submission`` is ``{"kind": "submission", "inputs", "action"}`` for a filled form or
-    ``{"kind": "timeout"}`` for one that expired; a mapping without ``kind`` is a form's inputs as
-    task messages queued by earlier versions carry them.
+    ``{"kind": "timeout"}`` for one that expired.
     """
 
     state: Mapping[str, Any]
     submission: Mapping[str, Any]
 
 
-#: Makes a paused node's form answerable by its token (stores it) before any client can see the token.
-FormOpener = Callable[[Node, Mapping[str, Any]], None]
-
-
-def new_ticket(expiration_time: int) -> FormTicket:
-    """A form's id and its token: 128 random bits, 22 URL-safe characters, never beginning with ``-``.
-
-    A token is pasted into shells and command lines, where a leading ``-`` reads as an option.
-    """
-    token = secrets.token_urlsafe(16)
-    while token.startswith("-"):
-        token = secrets.token_urlsafe(16)
-    return FormTicket(str(uuid.uuid4()), token, expiration_time)
-
-
-@dataclasses.dataclass
-class _Step:
-    """One node's execution: what its ``node_started`` said, kept for its ``node_finished``."""
-
-    node: Node
-    execution_id: str
-    index: int
-    predecessor: str | None
-    inputs: dict[str, Any] | None
-    created_at: int
-    started: float = dataclasses.field(default_factory=time.monotonic)
-
-    def fields(self) -> dict[str, Any]:
-        """What ``node_started`` and ``node_finished`` both say of the execution."""
-        return {
-            "id": self.execution_id,
-            "node_id": self.node.id,
-            "node_type": self.node.type,
-            "title": self.node.title,
-            "index": self.index,
-            "predecessor_node_id": self.predecessor,
-            "inputs": self.inputs,
-            # Dify marks values it cut short for the stream; this engine never cuts one.
-            "inputs_truncated": False,
-        }
-
-
-#: Dify's iteration and loop containers; this engine's graphs have none.
-_NO_LOOP = {"iteration_id": None, "loop_id": None}
+def graphon_version() -> str:
+    return metadata.version("graphon")
 
 
 class WorkflowEngine:
     def __init__(
         self,
-        graph: Graph,
+        graph: Mapping[str, Any],
         *,
         app_id: str,
         task_id: str,
@@ -121,160 +96,234 @@ class WorkflowEngine:
         inputs: Mapping[str, Any],
         user: str,
         created_at: float,
-        token_delay: float = 0.02,
+        models: ModelSettings | None = None,
         should_stop: Callable[[], str | None] = lambda: None,
         resume: ResumePoint | None = None,
         open_form: FormOpener = lambda node, form: None,
         form_timeout: float = DEFAULT_FORM_TIMEOUT,
+        workers: int = 2,
+        command_channel: CommandChannel | None = None,
     ) -> None:
-        self.graph = graph
+        self.graph = dict(graph)
+        self.view = Graph(self.graph)
         self.app_id = app_id
         self.task_id = task_id
         self.workflow_run_id = workflow_run_id
         self.inputs = dict(inputs)
         self.user = user
         self.created_at = created_at
-        self.token_delay = token_delay
+        self.models = models or ModelSettings()
         self.should_stop = should_stop
         self.resume = resume
         self.open_form = open_form
         self.form_timeout = form_timeout
+        self.workers = workers
+        self.command_channel = command_channel
+        self.signal = StopSignal()
+        self.channel = StopChannel(command_channel, self.signal)
+        self._polled = 0.0
         self.outcome: EngineOutcome | None = None
-        self.tokens = 0
+        previous = resume.state if resume is not None else {}
+        self.events = DifyEvents(
+            task_id,
+            workflow_run_id,
+            {node.id: node.type for node in self.view.nodes.values()},
+            self.view.predecessors(),
+            steps=int(previous.get("steps", 0)),
+            tokens=int(previous.get("tokens", 0)),
+        )
+
+    @property
+    def tokens(self) -> int:
+        return self.events.tokens
 
     def _event(self, name: str, data: dict[str, Any]) -> dict[str, Any]:
         return make_event(name, task_id=self.task_id, workflow_run_id=self.workflow_run_id, data=data)
 
-    def _started(self, reason: str, created_at: float) -> dict[str, Any]:
-        system = {
-            "sys.files": [],
-            "sys.user_id": self.user,
-            "sys.app_id": self.app_id,
-            "sys.workflow_id": self.app_id,
-            "sys.workflow_run_id": self.workflow_run_id,
+    def _system(self) -> dict[str, Any]:
+        return {
+            "files": [],
+            "user_id": self.user,
+            "app_id": self.app_id,
+            "workflow_id": self.app_id,
+            "workflow_run_id": self.workflow_run_id,
         }
+
+    def _started(self, reason: str) -> dict[str, Any]:
+        system = {f"sys.{key}": value for key, value in self._system().items()}
+        created = self.created_at if reason == "initial" else time.time()
         return self._event(
             "workflow_started",
             {
                 "id": self.workflow_run_id,
                 "workflow_id": self.app_id,
                 "inputs": {**self.inputs, **system},
-                "created_at": int(created_at),
+                "created_at": int(created),
                 "reason": reason,
             },
         )
 
+    def _new_state(self) -> RuntimeState | str:
+        """A new run's state: its inputs (defaults applied) and system variables; or why it cannot start."""
+        pool = VariablePool()
+        start = self.view.start
+        for key, value in self._system().items():
+            pool.add(("sys", key), value)
+        for variable in start.config.get("variables", []):
+            name = variable["name"]
+            if name in self.inputs:
+                pool.add((start.id, name), self.inputs[name])
+            elif "default" in variable:
+                pool.add((start.id, name), variable["default"])
+            elif variable.get("required", False):
+                return f"input {name!r} is required"
+        return RuntimeState(variable_pool=pool, start_at=time.time(), workflow_id=self.app_id)
+
     def run(self) -> Iterator[dict[str, Any]]:
-        steps = 0
-        predecessor: str | None = None
-        if self.resume is None:
-            pool = VariablePool({"sys": {"user": self.user, "workflow_run_id": self.workflow_run_id}})
-            node: Node | None = self.graph.start
-            yield self._started("initial", self.created_at)
+        previous = self.resume.state if self.resume is not None else None
+        if previous is None:
+            state = self._new_state()
+            if isinstance(state, str):
+                yield self._started("initial")
+                yield self._finish("failed", None, state)
+                return
+        elif previous.get("format") != STATE_FORMAT:
+            raise RuntimeError("the run was paused by an earlier version of the app, which graphon cannot resume")
         else:
-            state = self.resume.state
-            pool = VariablePool({key: dict(value) for key, value in state["variables"].items()})
-            steps = int(state["steps"])
-            self.tokens = int(state.get("tokens", 0))
-            paused = self.graph.nodes[state["node_id"]]
-            yield self._started("resumption", time.time())
-            step = _Step(
-                paused,
-                str(state.get("execution_id") or uuid.uuid4()),
-                steps,
-                state.get("predecessor"),
-                {},
-                now(),
-            )
-            yield self._node_started(step)
-            answered = yield from self._answer(step, state.get("form") or {}, pool)
-            if not answered:
-                return
-            predecessor = paused.id
-            node = self.graph.successor(paused.id)
-
-        while node is not None:
-            reason = self.should_stop()
-            if reason:
-                yield self._finished("stopped", None, reason, steps)
-                return
-            steps += 1
-            step = _Step(node, str(uuid.uuid4()), steps, predecessor, node_inputs(node, pool, self.inputs), now())
-            yield self._node_started(step)
-            handle: str | None = None
-            process_data: dict[str, Any] | None = {}
-            metadata: dict[str, Any] | None = None
-            try:
-                if node.type == "start":
-                    outputs = run_start(node, pool, self.inputs)
-                elif node.type == "llm":
-                    runner = run_llm(node, pool, self.token_delay, self.should_stop)
-                    while True:
-                        try:
-                            token = next(runner)
-                        except StopIteration as done:
-                            result: LlmResult = done.value
-                            break
-                        yield self._event("text_chunk", {"text": token, "from_variable_selector": [node.id, "text"]})
-                    outputs = result.outputs
-                    self.tokens += result.total_tokens
-                    # The split of the tokens is the model's usage, which Dify reports in the process
-                    # data: its execution metadata takes only its own keys (total tokens, price, currency).
-                    usage = {
-                        "prompt_tokens": result.prompt_tokens,
-                        "completion_tokens": result.completion_tokens,
-                        "total_tokens": result.total_tokens,
-                    }
-                    process_data = {
-                        "model_mode": "chat",
-                        "prompts": [{"role": "user", "text": result.prompt}],
-                        "usage": usage,
-                    }
-                    metadata = {"total_tokens": result.total_tokens, "total_price": 0, "currency": "USD"}
-                elif node.type == "template":
-                    outputs = run_template(node, pool)
-                elif node.type == "if_else":
-                    result_ = evaluate_if_else(node, pool)
-                    outputs, handle = {"result": result_}, "true" if result_ else "false"
-                elif node.type == "human_input":
-                    yield from self._pause(step, pool)
-                    return
+            state = RuntimeState.from_snapshot(str(previous["snapshot"]))
+        callback = HumanInput(
+            self.view,
+            open_form=self.open_form,
+            form_timeout=self.form_timeout,
+            answer=self.resume.submission if self.resume is not None else None,
+            answered_node=previous.get("node_id") if previous else None,
+            answered_form=previous.get("form") if previous else None,
+        )
+        collaborators = Collaborators(self.models, self.signal, callback)
+        graph = build_graph(
+            self.graph,
+            root=self.view.start.id,
+            workflow_id=self.app_id,
+            runtime_state=state,
+            collaborators=collaborators,
+        )
+        engine = Engine(graph=graph, runtime_state=state, command_channel=self.channel, workers=self.workers)
+        responses = ResponseStreamFilter()
+        if previous is not None and previous.get("response_filter"):
+            responses.loads(str(previous["response_filter"]))
+        events = filter_engine_events(
+            engine.run(), context=EngineEventFilterContext.from_engine(engine), filters=[responses]
+        )
+        terminal: EngineEvent | None = None
+        try:
+            for event in events:
+                self._check_stop(engine)
+                if isinstance(event, GraphRunStartedEvent):
+                    yield self._started(str(event.reason))
+                elif isinstance(
+                    event,
+                    GraphRunSucceededEvent
+                    | GraphRunPartialSucceededEvent
+                    | GraphRunFailedEvent
+                    | GraphRunAbortedEvent
+                    | GraphRunPausedEvent,
+                ):
+                    terminal = event
                 else:
-                    outputs = run_end(node, pool)
-            except StopRequested as stop:
-                yield self._node_finished(step, "stopped", None, stop.reason)
-                yield self._finished("stopped", None, stop.reason, steps)
-                return
-            except NodeRunError as exc:
-                yield self._node_finished(step, "failed", None, str(exc))
-                yield self._finished("failed", None, str(exc), steps)
-                return
-            pool.set_outputs(node.id, outputs)
-            yield self._node_finished(step, "succeeded", outputs, None, process_data=process_data, metadata=metadata)
-            if node.type == "end":
-                yield self._finished("succeeded", outputs, None, steps)
-                return
-            predecessor = node.id
-            node = self.graph.successor(node.id, handle)
+                    yield from self._node_event(event, callback)
+        except Exception:
+            # graphon raises a run's error again after yielding its GraphRunFailedEvent: that event ends the run.
+            if not isinstance(terminal, GraphRunFailedEvent):
+                raise
+        except GeneratorExit:
+            # The consumer went away: abort, and let closing graphon's iterator join its threads.
+            self.signal.set(CONSUMER_GONE)
+            engine.request_abort(CONSUMER_GONE)
+            events.close()  # type: ignore[attr-defined]
+            raise
+        # graphon's iterator is exhausted: its threads are stopped and its state may be dumped.
+        yield from self._end(terminal, state, responses, callback)
 
-    def _pause(self, step: _Step, pool: VariablePool) -> Iterator[dict[str, Any]]:
-        """Open the node's form and pause: ``human_input_required``, then ``workflow_paused``."""
-        node = step.node
-        timeout = float(node.config.get("timeout") or self.form_timeout)
-        form = public_form(node, new_ticket(int(time.time() + timeout)), pool)
-        self.open_form(node, form)
+    def _check_stop(self, engine: Engine) -> None:
+        """Between two events: the channel (an abort sent to it), then the run's stop flag."""
+        if self.signal.reason is not None:
+            return
+        now = time.monotonic()
+        if now - self._polled >= CHANNEL_POLL_INTERVAL:
+            self._polled = now
+            self.channel.poll()  # an abort found here reaches graphon with the commands it holds
+            if self.signal.reason is not None:
+                return
+        reason = self.should_stop()
+        if reason:
+            self.signal.set(reason)
+            engine.request_abort(reason)
+
+    def _node_event(self, event: EngineEvent, callback: HumanInput) -> Iterator[dict[str, Any]]:
+        # The callback runs on a graphon thread once its node started: its form's event comes right after
+        # the node's ``node_started``, before anything graphon flushes ahead of the node's end.
+        if not isinstance(event, NodeRunStartedEvent):
+            yield from self._form_events(callback)
+        for mapped in self.events.map(event):
+            if (
+                self.signal.reason is not None
+                and isinstance(event, NodeRunFailedEvent)
+                and mapped["event"] == "node_finished"
+            ):
+                # The node ended because the run was stopped (the model saw the stop between chunks).
+                mapped["data"].update(status="stopped", error=self.signal.reason)
+            yield mapped
+
+    def _form_events(self, callback: HumanInput) -> Iterator[dict[str, Any]]:
+        if callback.filled is not None:
+            filled, callback.filled = callback.filled, None
+            yield self._event("human_input_form_filled", to_json(filled))
+        if callback.timed_out is not None:
+            timed_out, callback.timed_out = callback.timed_out, None
+            yield self._event("human_input_form_timeout", timed_out)
+
+    def _end(
+        self, terminal: EngineEvent | None, state: RuntimeState, responses: ResponseStreamFilter, callback: HumanInput
+    ) -> Iterator[dict[str, Any]]:
+        if isinstance(terminal, GraphRunPausedEvent):
+            yield from self._pause(state, responses, callback)
+        elif self.signal.reason is not None and not isinstance(terminal, GraphRunSucceededEvent):
+            yield self._finish("stopped", None, self.signal.reason)
+        elif isinstance(terminal, GraphRunSucceededEvent):
+            yield self._finish("succeeded", to_json(dict(terminal.outputs)), None)
+        elif isinstance(terminal, GraphRunPartialSucceededEvent):
+            yield self._finish("partial-succeeded", to_json(dict(terminal.outputs)), None, terminal.exceptions_count)
+        elif isinstance(terminal, GraphRunFailedEvent):
+            yield self._finish("failed", None, terminal.error, terminal.exceptions_count)
+        elif isinstance(terminal, GraphRunAbortedEvent):
+            yield self._finish("stopped", None, terminal.reason or "stopped")
+        else:
+            raise RuntimeError("graphon's run ended without a terminal event")
+
+    def _pause(
+        self, state: RuntimeState, responses: ResponseStreamFilter, callback: HumanInput
+    ) -> Iterator[dict[str, Any]]:
+        """Save both snapshots, then ``human_input_required`` and ``workflow_paused``."""
+        if len(callback.opened) != 1:
+            raise RuntimeError(f"a run pauses on one form at a time, not {len(callback.opened)}")
+        ((node_id, form),) = callback.opened.items()
+        snapshot = state.dumps()
+        steps, tokens = self.events.steps, self.events.tokens
         self.outcome = EngineOutcome(
             "paused",
-            steps=step.index,
-            tokens=self.tokens,
+            steps=steps,
+            tokens=tokens,
             state={
-                "node_id": node.id,
-                "variables": pool.values,
-                "steps": step.index,
-                "execution_id": step.execution_id,
-                "predecessor": step.predecessor,
-                "tokens": self.tokens,
+                "format": STATE_FORMAT,
+                "format_version": STATE_FORMAT_VERSION,
+                "graphon_version": graphon_version(),
+                "snapshot_version": json.loads(snapshot).get("version"),
+                "snapshot": snapshot,
+                "response_filter": responses.dumps(),
+                "node_id": node_id,
                 "form": form,
+                "steps": steps,
+                "tokens": tokens,
             },
         )
         yield self._event("human_input_required", form)
@@ -282,94 +331,23 @@ class WorkflowEngine:
             "workflow_paused",
             {
                 "workflow_run_id": self.workflow_run_id,
-                "paused_nodes": [node.id],
+                "paused_nodes": [node_id],
                 "outputs": {},
                 "reasons": [pause_reason(form)],
                 "status": "paused",
                 "created_at": int(self.created_at),
                 "elapsed_time": round(max(0.0, time.time() - self.created_at), 6),
-                "total_tokens": self.tokens,
-                "total_steps": step.index,
+                "total_tokens": tokens,
+                "total_steps": steps,
             },
         )
 
-    def _answer(
-        self, step: _Step, form: Mapping[str, Any], pool: VariablePool
-    ) -> Generator[dict[str, Any], None, bool]:
-        """What ended the paused node's wait: its filled form, or its expiry. Returns whether the run goes on."""
-        assert self.resume is not None
-        node, submission = step.node, self.resume.submission
-        if submission.get("kind") == "timeout":
-            yield self._event(
-                "human_input_form_timeout",
-                {"node_id": node.id, "node_title": node.title, "expiration_time": form.get("expiration_time")},
-            )
-            yield self._node_finished(step, "failed", None, FORM_EXPIRED)
-            yield self._finished("failed", None, FORM_EXPIRED, step.index)
-            return False
-        if "kind" in submission:
-            inputs, action = submission.get("inputs") or {}, submission.get("action")
-        else:
-            inputs, action = submission, None
-        try:
-            values, action = check_submission(node, inputs, action, form)
-        except NodeRunError as exc:
-            yield self._node_finished(step, "failed", None, str(exc))
-            yield self._finished("failed", None, str(exc), step.index)
-            return False
-        content = rendered_content(node, values)
-        yield self._event(
-            "human_input_form_filled",
-            {
-                "node_id": node.id,
-                "node_title": node.title,
-                "rendered_content": content,
-                "action_id": action,
-                "action_text": action_title(node, action),
-                "submitted_data": values,
-            },
-        )
-        outputs = {**values, "__action_id": action, "__rendered_content": content}
-        pool.set_outputs(node.id, outputs)
-        yield self._node_finished(step, "succeeded", outputs, None)
-        return True
-
-    def _node_started(self, step: _Step) -> dict[str, Any]:
-        data = {**step.fields(), "created_at": step.created_at, "extras": {}, **_NO_LOOP, "agent_strategy": None}
-        return self._event("node_started", data)
-
-    def _node_finished(
-        self,
-        step: _Step,
-        status: str,
-        outputs: dict[str, Any] | None,
-        error: str | None,
-        *,
-        process_data: dict[str, Any] | None = None,
-        metadata: dict[str, Any] | None = None,
+    def _finish(
+        self, status: str, outputs: dict[str, Any] | None, error: str | None, exceptions: int = 0
     ) -> dict[str, Any]:
-        return self._event(
-            "node_finished",
-            {
-                **step.fields(),
-                "process_data": {} if process_data is None else process_data,
-                "process_data_truncated": False,
-                "outputs": outputs,
-                "outputs_truncated": False,
-                "status": status,
-                "error": error,
-                "elapsed_time": round(time.monotonic() - step.started, 6),
-                "execution_metadata": metadata,
-                "created_at": step.created_at,
-                "finished_at": now(),
-                "files": [],
-                **_NO_LOOP,
-            },
-        )
-
-    def _finished(self, status: str, outputs: dict[str, Any] | None, error: str | None, steps: int) -> dict[str, Any]:
-        self.outcome = EngineOutcome(status, outputs=outputs, error=error, steps=steps, tokens=self.tokens)
-        return finished_event(
+        steps, tokens = self.events.steps, self.events.tokens
+        self.outcome = EngineOutcome(status, outputs, error, steps=steps, tokens=tokens)
+        event = finished_event(
             task_id=self.task_id,
             workflow_run_id=self.workflow_run_id,
             app_id=self.app_id,
@@ -377,10 +355,12 @@ class WorkflowEngine:
             outputs=outputs,
             error=error,
             steps=steps,
-            tokens=self.tokens,
+            tokens=tokens,
             created_at=self.created_at,
             user=self.user,
         )
+        event["data"]["exceptions_count"] = exceptions
+        return event
 
 
 def finished_event(

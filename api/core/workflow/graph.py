@@ -1,9 +1,9 @@
-"""Workflow graphs: parsing and validation.
+"""The app's view of a Dify workflow graph: each node's id, type, title and its settings.
 
-A graph is ``{"nodes": [...], "edges": [...]}``. Every node has an ``id`` and a ``type``; edges are
-``{"source", "target"}`` plus ``"source_handle": "true" | "false"`` for ``if_else`` branches. A run
-follows one path from the single ``start`` node to an ``end`` node, so the graph must be acyclic,
-every node but ``end`` needs a successor (two for ``if_else``), and no node may have two.
+graphon runs the graph; the rest of the app reads only a few things of it: the start node's variables
+(inputs to check, Dify's ``user_input_form``) and each human-input node's form (fields, buttons, content,
+timeout). This module reads them from Dify's node data once, in the shapes the app uses: a start
+variable is ``{"name", "type", "required", "default", "label", …}``, a form is ``form_fields``'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Any
 from .errors import WorkflowDefinitionError
 from .form_fields import parse_actions, parse_fields
 
-NODE_TYPES = frozenset({"start", "llm", "template", "if_else", "human_input", "end"})
+#: Dify's ``timeout_unit`` of a human-input node, in seconds.
+_TIMEOUT_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+HUMAN_INPUT = "human-input"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,112 +29,113 @@ class Node:
 
 
 class Graph:
+    """A Dify graph (``workflow.graph`` of an app's DSL: ``{"nodes": [{"id", "data"}], "edges": [...]}``)."""
+
     def __init__(self, definition: Mapping[str, Any]) -> None:
         if not isinstance(definition, Mapping):
             raise WorkflowDefinitionError("a graph must be an object with 'nodes' and 'edges'")
         raw_nodes = definition.get("nodes")
-        raw_edges = definition.get("edges", [])
         if not isinstance(raw_nodes, list) or not raw_nodes:
             raise WorkflowDefinitionError("a graph needs a non-empty 'nodes' list")
-        if not isinstance(raw_edges, list):
-            raise WorkflowDefinitionError("'edges' must be a list")
         self.nodes: dict[str, Node] = {}
         for raw in raw_nodes:
             node = _parse_node(raw)
             if node.id in self.nodes:
                 raise WorkflowDefinitionError(f"duplicate node id {node.id!r}")
             self.nodes[node.id] = node
-        self._next: dict[tuple[str, str | None], str] = {}
-        for raw in raw_edges:
-            self._add_edge(raw)
-        starts = [node for node in self.nodes.values() if node.type == "start"]
+        # Nodes inside an iteration or a loop have a parent: the run's own start is the top-level one.
+        starts = [
+            node
+            for node in self.nodes.values()
+            if node.type == "start" and not (isinstance(raw_nodes, list) and _parent_of(raw_nodes, node.id))
+        ]
         if len(starts) != 1:
             raise WorkflowDefinitionError("a graph needs exactly one 'start' node")
         self.start = starts[0]
-        self._check_successors()
-        self._check_acyclic()
+        self.edges: list[Mapping[str, Any]] = [
+            edge for edge in definition.get("edges") or [] if isinstance(edge, Mapping)
+        ]
 
-    def successor(self, node_id: str, handle: str | None = None) -> Node | None:
-        target = self._next.get((node_id, handle))
-        return None if target is None else self.nodes[target]
+    def predecessors(self) -> dict[str, str]:
+        """Each node with exactly one edge into it, and that edge's source."""
+        sources: dict[str, list[str]] = {}
+        for edge in self.edges:
+            sources.setdefault(str(edge.get("target")), []).append(str(edge.get("source")))
+        return {target: found[0] for target, found in sources.items() if len(found) == 1}
 
-    def _add_edge(self, raw: Any) -> None:
-        if not isinstance(raw, Mapping):
-            raise WorkflowDefinitionError("every edge must be an object")
-        source, target = raw.get("source"), raw.get("target")
-        if source not in self.nodes or target not in self.nodes:
-            raise WorkflowDefinitionError(f"edge {source!r} -> {target!r} names an unknown node")
-        handle = raw.get("source_handle")
-        if self.nodes[source].type == "if_else":
-            if handle not in ("true", "false"):
-                raise WorkflowDefinitionError(
-                    f"edges from if_else node {source!r} need source_handle 'true' or 'false'"
-                )
-        elif handle is not None:
-            raise WorkflowDefinitionError(f"only if_else nodes have source handles (edge from {source!r})")
-        if (source, handle) in self._next:
-            raise WorkflowDefinitionError(f"node {source!r} has two successors for the same branch")
-        self._next[(source, handle)] = target
+    def handles_from(self, node_id: str) -> set[str]:
+        """The source handles of the edges leaving ``node_id``."""
+        return {str(edge.get("sourceHandle") or "source") for edge in self.edges if edge.get("source") == node_id}
 
-    def _check_successors(self) -> None:
-        for node in self.nodes.values():
-            handles: tuple[str | None, ...] = ("true", "false") if node.type == "if_else" else (None,)
-            for handle in handles:
-                has_next = (node.id, handle) in self._next
-                if node.type == "end" and has_next:
-                    raise WorkflowDefinitionError(f"end node {node.id!r} cannot have a successor")
-                if node.type != "end" and not has_next:
-                    branch = f" ({handle} branch)" if handle else ""
-                    raise WorkflowDefinitionError(f"node {node.id!r}{branch} has no successor")
 
-    def _check_acyclic(self) -> None:
-        state: dict[str, int] = {}
-
-        def visit(node_id: str) -> None:
-            state[node_id] = 1
-            for (source, _), target in self._next.items():
-                if source != node_id:
-                    continue
-                if state.get(target) == 1:
-                    raise WorkflowDefinitionError(f"the graph has a cycle through {target!r}")
-                if target not in state:
-                    visit(target)
-            state[node_id] = 2
-
-        visit(self.start.id)
+def _parent_of(raw_nodes: list[Any], node_id: str) -> str | None:
+    for raw in raw_nodes:
+        if isinstance(raw, Mapping) and raw.get("id") == node_id:
+            parent = (
+                raw.get("parentId")
+                or (raw.get("data") or {}).get("iteration_id")
+                or (raw.get("data") or {}).get("loop_id")
+            )
+            return str(parent) if parent else None
+    return None
 
 
 def _parse_node(raw: Any) -> Node:
-    if not isinstance(raw, Mapping):
-        raise WorkflowDefinitionError("every node must be an object")
-    node_id, node_type = raw.get("id"), raw.get("type")
-    if not isinstance(node_id, str) or not node_id or "." in node_id:
-        raise WorkflowDefinitionError(f"invalid node id {node_id!r} (a non-empty string without '.')")
-    if node_type not in NODE_TYPES:
-        raise WorkflowDefinitionError(f"node {node_id!r} has unknown type {node_type!r}")
-    title = raw.get("title") or node_id
-    config = {key: value for key, value in raw.items() if key not in ("id", "type", "title")}
-    _validate_config(node_id, node_type, config)
-    return Node(node_id, node_type, str(title), config)
-
-
-def _validate_config(node_id: str, node_type: str, config: Mapping[str, Any]) -> None:
-    def need(key: str, kind: type | tuple[type, ...]) -> None:
-        if not isinstance(config.get(key), kind):
-            raise WorkflowDefinitionError(f"node {node_id!r} ({node_type}) needs '{key}'")
-
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("data"), Mapping):
+        raise WorkflowDefinitionError("every node must be an object with an 'id' and its 'data'")
+    node_id, data = raw.get("id"), raw["data"]
+    node_type = data.get("type")
+    if not isinstance(node_id, str) or not node_id:
+        raise WorkflowDefinitionError(f"invalid node id {node_id!r}")
+    if not isinstance(node_type, str) or not node_type:
+        raise WorkflowDefinitionError(f"node {node_id!r} has no type")
+    title = str(data.get("title") or node_id)
+    config: Mapping[str, Any] = dict(data)
     if node_type == "start":
-        variables = config.get("variables", [])
-        if not isinstance(variables, list) or not all(isinstance(v, Mapping) and v.get("name") for v in variables):
-            raise WorkflowDefinitionError(f"start node {node_id!r}: 'variables' must be a list of {{'name': ...}}")
-    elif node_type == "llm":
-        need("prompt", str)
-    elif node_type == "template":
-        need("template", str)
-    elif node_type == "if_else":
-        need("conditions", list)
-    elif node_type == "human_input":
-        parse_fields(node_id, config.get("form", []))
-        parse_actions(node_id, config.get("actions"))
-    elif node_type == "end":
-        need("outputs", Mapping)
+        config = {"variables": [_start_variable(node_id, variable) for variable in data.get("variables") or []]}
+    elif node_type == HUMAN_INPUT:
+        config = _form(node_id, data)
+    return Node(node_id, node_type, title, config)
+
+
+def _start_variable(node_id: str, raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("variable"), str) or not raw["variable"]:
+        raise WorkflowDefinitionError(f"start node {node_id!r}: every variable needs a 'variable' name")
+    variable = {key: value for key, value in raw.items() if key != "variable"}
+    variable["name"] = raw["variable"]
+    if variable.get("default") in (None, ""):
+        variable.pop("default", None)
+    return variable
+
+
+def _form(node_id: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """A human-input node's Dify data (``inputs``, ``user_actions``, ``timeout`` + unit) as a form."""
+    fields = []
+    for raw in data.get("inputs") or []:
+        if not isinstance(raw, Mapping):
+            raise WorkflowDefinitionError(f"human-input node {node_id!r}: every input must be an object")
+        field = {key: value for key, value in raw.items() if key != "output_variable_name"}
+        field["name"] = raw.get("output_variable_name")
+        if "option_source" in raw:
+            field["option_source"] = _source(raw["option_source"])
+        if "default" in raw and raw["default"] is not None:
+            field["default"] = _source(raw["default"])
+        fields.append(field)
+    form: dict[str, Any] = {"form": fields}
+    if data.get("user_actions"):
+        form["actions"] = list(data["user_actions"])
+    if isinstance(data.get("form_content"), str) and data["form_content"]:
+        form["form_content"] = data["form_content"]
+    if data.get("timeout"):
+        unit = _TIMEOUT_UNITS.get(str(data.get("timeout_unit") or "second"), 1)
+        form["timeout"] = float(data["timeout"]) * unit
+    parse_fields(node_id, form["form"])
+    parse_actions(node_id, form.get("actions"))
+    return form
+
+
+def _source(raw: Any) -> Any:
+    """Dify's ``{"type": "variable", "selector"}`` / ``{"type": "constant", "value"}`` sources, as forms read them."""
+    if isinstance(raw, Mapping) and raw.get("type") == "variable":
+        return {"type": "variable", "selector": list(raw.get("selector") or [])}
+    return raw

@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from api.core.durable_stream import DurableStreamProducer, RepairingProducer, TopicSealedError
 
@@ -26,7 +26,6 @@ from .event_transport import WorkflowEventTransport
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 #: First and longest pause between two tries of a retried operation (seconds).
 FIRST_BACKOFF = 0.05
@@ -37,7 +36,7 @@ class DeadlinePassedError(Exception):
     """A retried operation still failed when its deadline passed; ``__cause__`` is the last failure."""
 
 
-def retry_until(deadline: float, operation: Callable[[], T], *, what: str) -> T:
+def retry_until[T](deadline: float, operation: Callable[[], T], *, what: str) -> T:
     """Call ``operation`` until it returns, backing off exponentially with jitter, until ``deadline``.
 
     ``deadline`` is a ``time.monotonic()`` value. ``TopicSealedError`` is certain and is never

@@ -12,15 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flask import current_app
 
 from api.configs import AppConfig
 from api.core.durable_stream import DurableStreamError
-from api.core.workflow import Graph, WorkflowEngine
-from api.core.workflow.engine import ResumePoint
+from api.core.workflow import ModelSettings, ResumePoint, WorkflowEngine
+from api.core.workflow.commands import redis_channel
 from api.libs import log_context
 from api.libs.errors import STREAM_FAILED_RUN
 from api.models import App, WorkflowRun
@@ -49,10 +49,12 @@ def execute_run(
     workflow_run_id: str,
     attempt_id: str | None = None,
     resume_form: Mapping[str, Any] | None = None,
+    redis: Any | None = None,
 ) -> str | None:
     """Claim and run (or resume) the attempt; return its final status, or ``None`` if it stopped early.
 
-    ``transport`` carries the run's events (the task passes the app's configured one).
+    ``transport`` carries the run's events (the task passes the app's configured one); ``redis``, the app's
+    Redis client where it has one, carries stops to graphon (its command channel).
 
     Raises:
         AttemptNotClaimedError: Another delivery holds (or held) this attempt, or it is not current.
@@ -75,7 +77,13 @@ def execute_run(
         app_id=app.id, task_id=run.task_id, workflow_run_id=run.id, transport=config.WORKFLOW_EVENT_TRANSPORT
     )
     with log_context.bound(fields):
-        return _attempt(config, transport, run, app, topic_name, identity, resume_form)
+        return _attempt(config, transport, run, app, topic_name, identity, resume_form, redis)
+
+
+def _in_app(flask_app: Any, work: Callable[[], None]) -> None:
+    """``work`` in the app's context: graphon calls the human-input node's callback on a thread of its own."""
+    with flask_app.app_context():
+        work()
 
 
 def _attempt(
@@ -86,6 +94,7 @@ def _attempt(
     topic_name: str,
     identity: RunIdentity,
     resume_form: Mapping[str, Any] | None,
+    redis: Any | None,
 ) -> str | None:
     """The claimed attempt of ``run`` (whose rows are still loaded), with its log fields bound."""
     workflow_run_id = run.id
@@ -152,18 +161,26 @@ def _attempt(
                     raise RuntimeError("the run has no saved pause state to resume from")
                 resume = ResumePoint(state=json.loads(state_json), submission=resume_form)
             engine = WorkflowEngine(
-                Graph(json.loads(graph_definition)),
+                json.loads(graph_definition),
                 app_id=identity.app_id,
                 task_id=identity.task_id,
                 workflow_run_id=identity.workflow_run_id,
                 inputs=inputs,
                 user=end_user,
                 created_at=identity.created_at,
-                token_delay=config.WORKFLOW_LLM_TOKEN_DELAY,
+                models=ModelSettings(
+                    token_delay=config.WORKFLOW_LLM_TOKEN_DELAY,
+                    base_url=config.WORKFLOW_MODEL_BASE_URL,
+                    api_key=config.WORKFLOW_MODEL_API_KEY,
+                ),
                 should_stop=coordinator.should_stop,
                 resume=resume,
-                open_form=lambda node, form: form_store.open_form(identity.app_id, workflow_run_id, form),
+                open_form=lambda node, form: _in_app(
+                    flask_app, lambda: form_store.open_form(identity.app_id, workflow_run_id, form)
+                ),
                 form_timeout=config.HUMAN_INPUT_FORM_TIMEOUT,
+                workers=config.WORKFLOW_GRAPH_WORKERS,
+                command_channel=None if redis is None else redis_channel(redis, workflow_run_id),
             )
             for event in engine.run():
                 if event["event"] == "node_started":

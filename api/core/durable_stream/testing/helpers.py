@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -24,10 +24,8 @@ from api.core.durable_stream import (
 
 from . import probes
 
-T = TypeVar("T")
 
-
-def wait_until(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+def wait_until[T](check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
     """``check()``'s first truthy answer, asked every ``interval`` seconds; fails after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not (answer := check()):

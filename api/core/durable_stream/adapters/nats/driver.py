@@ -15,7 +15,7 @@ import secrets
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 from ..._contract import DurableStreamError, DurableStreamUnavailableError
 from ..._digest import sha1_chain
@@ -31,7 +31,6 @@ from .topics import TopicStore
 
 __all__ = ["NatsDriver", "open_driver"]
 
-T = TypeVar("T")
 
 #: Drivers whose process-local state must be reset in a forked child.
 _DRIVERS: weakref.WeakSet[NatsDriver] = weakref.WeakSet()
@@ -108,7 +107,7 @@ class NatsDriver:
                     self._pid = os.getpid()
         return self._conn
 
-    def _run(self, operation: str, factory: Callable[[TopicStore], Coroutine[Any, Any, T]]) -> T:
+    def _run[T](self, operation: str, factory: Callable[[TopicStore], Coroutine[Any, Any, T]]) -> T:
         conn = self._connection()
         return _translate(operation, lambda: conn.loop.run(lambda: factory(conn.topics), self._timeout + 1.0))
 
@@ -210,7 +209,7 @@ class NatsDriver:
             self._conn.close()
 
 
-def _translate(operation: str, call: Callable[[], T], *, config: bool = False) -> T:
+def _translate[T](operation: str, call: Callable[[], T], *, config: bool = False) -> T:
     """Run ``call``; the one place where nats-py's (and asyncio's) exceptions become contract errors."""
     try:
         return call()

@@ -8,7 +8,7 @@ import secrets
 import threading
 import urllib.parse
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from ..._contract import CursorUnavailableError, DurableStreamError, DurableStreamUnavailableError, TopicSealedError
 from ..._digest import sha1_chain
@@ -32,14 +32,13 @@ from .settings import RedisSettings
 
 __all__ = ["RedisDriver", "open_driver"]
 
-T = TypeVar("T")
 
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 _EMPTY_PREFIX = "e:"
 _EMPTY_POSITION = re.compile(r"e:[0-9a-f]{1,64}")
 
 
-def _translate(operation: str, call: Callable[[], T]) -> T:
+def _translate[T](operation: str, call: Callable[[], T]) -> T:
     """Run ``call``; the one place where redis-py's exceptions become contract errors."""
     try:
         return call()

@@ -10,7 +10,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Final, TypeVar
+from typing import Final
 
 from ..._contract import DurableStreamError, DurableStreamUnavailableError, TopicSealedError
 from ..._cooperative import run_blocking
@@ -23,7 +23,6 @@ from .settings import REREAD_INTERVAL, SqliteSettings
 
 __all__ = ["SqliteDriver", "open_driver"]
 
-T = TypeVar("T")
 
 SCHEMA_VERSION: Final = 2
 READER_POOL_SIZE: Final = 4
@@ -81,7 +80,7 @@ def _new_epoch() -> str:
     return secrets.token_hex(16)
 
 
-def _guarded(what: str, fn: Callable[[], T]) -> T:
+def _guarded[T](what: str, fn: Callable[[], T]) -> T:
     """Run ``fn``, turning every SQLite or file-system failure into a contract error.
 
     This is the adapter's one translation point: nothing from :mod:`sqlite3` escapes it.
@@ -94,7 +93,7 @@ def _guarded(what: str, fn: Callable[[], T]) -> T:
         raise DurableStreamUnavailableError(f"SQLite {what} failed: {exc}") from exc
 
 
-def _transaction(connection: sqlite3.Connection, begin: str, work: Callable[[sqlite3.Connection], T]) -> T:
+def _transaction[T](connection: sqlite3.Connection, begin: str, work: Callable[[sqlite3.Connection], T]) -> T:
     connection.execute(begin)
     try:
         result = work(connection)
@@ -222,7 +221,7 @@ class SqliteDriver:
             connection.execute(statement)
         connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-    def _write(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
+    def _write[T](self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
         def run() -> T:
             with self._write_lock:
                 if self._closed:
@@ -232,7 +231,7 @@ class SqliteDriver:
 
         return _guarded(what, run)
 
-    def _read(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
+    def _read[T](self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
         def run() -> T:
             if self._closed:
                 raise DurableStreamUnavailableError("the SQLite backend is closed")
