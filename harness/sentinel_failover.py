@@ -32,6 +32,8 @@ __all__ = ["RedisSentinelFailover"]
 SERVICE = "failover"
 #: How long the sentinels wait before they call an unanswering primary down (milliseconds).
 DOWN_AFTER_MS = 1000
+#: The sentinels' failover timeout (milliseconds); see :meth:`RedisSentinelFailover.start`.
+FAILOVER_TIMEOUT_MS = 600_000
 
 
 class RedisSentinelFailover:
@@ -59,7 +61,10 @@ class RedisSentinelFailover:
             monitor = [
                 f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary.port} 2",
                 f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
-                f"sentinel failover-timeout {SERVICE} 3000",
+                # Also how long a sentinel leaves a replica replicating from another address than the
+                # primary's before it points it at the primary (+fix-slave-config, after twice this):
+                # that would take the replica off the freezable link in the middle of a slow test.
+                f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}",
                 f"sentinel parallel-syncs {SERVICE} 1",
             ]
             self.sentinels = [SentinelProcess(self.directory, monitor, None) for _ in range(3)]
