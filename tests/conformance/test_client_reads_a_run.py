@@ -209,7 +209,11 @@ def test_the_npm_client_reads_a_run_live_through_a_cut_exactly_once(stack: Serve
     assert sum(len(batch["items"]) for batch in before_cut) < len(events), "nothing was left to resume"
     resumed = next(line for line in lines[seen_before_cut:] if line["type"] == "request")
     assert offset_of(resumed["url"]) >= reached  # offsets compare as strings, in stream order
-    assert offset_of(resumed["url"]) in {batch["offset"] for batch in batches}
+    # Not necessarily a delivered batch's offset: the client takes the next offset from a response's
+    # headers and asks on from there while its body is still read; a cut during that body leaves a
+    # request from an offset whose batch was never delivered (the next session then resumes from the
+    # last delivered one). items == events above shows that nothing was skipped or repeated.
+    assert offset_of(resumed["url"]) <= batches[-1]["offset"]
 
 
 def test_plain_http_reads_a_run_by_catch_up_and_long_poll(stack: ServedStack) -> None:
