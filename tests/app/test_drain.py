@@ -44,7 +44,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedStack]:
         directory / "stack",
         servers=1,
         workers_per_server=2,
-        celery_concurrency=4,
+        celery_concurrency=CLIENTS,  # every run at once: each lasts until its test stops it
         server_args=("--graceful-timeout", str(GRACEFUL)),
     ) as served:
         yield served
@@ -86,16 +86,34 @@ def stored(stack: ServedStack, run_id: str) -> list[dict[str, Any]]:
     return events
 
 
-def start_runs(stack: ServedStack, key: str) -> list[str]:
-    return [
+#: Runs far longer than any reload (80 s of text): each test stops them once its workers are replaced, so
+#: however slowly a busy machine starts the new workers, the clients are mid-run when the old ones drain.
+LONG_RUN = slow_greeting(delay=0.02, tokens=4000)
+
+
+def start_runs(stack: ServedStack, key: str) -> dict[str, str]:
+    """``CLIENTS`` runs started, by run id: their task ids."""
+    started = [
         requests.post(
             f"{stack.urls[0]}/v1/workflows/run",
             json={"inputs": {"name": f"c{index}"}, "user": "u1", "response_mode": "async"},
             headers={"Authorization": f"Bearer {key}"},
             timeout=30,
-        ).json()["workflow_run_id"]
+        ).json()
         for index in range(CLIENTS)
     ]
+    return {run["workflow_run_id"]: run["task_id"] for run in started}
+
+
+def stop_runs(stack: ServedStack, key: str, runs: dict[str, str]) -> None:
+    for task_id in runs.values():
+        answer = requests.post(
+            f"{stack.urls[0]}/v1/workflows/tasks/{task_id}/stop",
+            json={"user": "u1"},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
 
 
 def follow(stack: ServedStack, key: str, run_id: str) -> tuple[list[dict[str, Any]], int]:
@@ -115,7 +133,7 @@ def follow(stack: ServedStack, key: str, run_id: str) -> tuple[list[dict[str, An
 
 
 def test_a_reload_hands_every_stream_to_the_new_workers(stack: ServedStack) -> None:
-    key = stack.create_app(slow_greeting(delay=0.02, tokens=400))
+    key = stack.create_app(LONG_RUN)
     runs = start_runs(stack, key)
     server = stack.servers[0]
     old = set(server.worker_pids())
@@ -129,6 +147,7 @@ def test_a_reload_hands_every_stream_to_the_new_workers(stack: ServedStack) -> N
         reloaded = time.monotonic()
         wait_until(lambda: not old & set(server.worker_pids()), GRACEFUL, "the old workers to exit")
         took = time.monotonic() - reloaded
+        stop_runs(stack, key, runs)
         results = [future.result() for future in followed]
     # Gone once the new workers were ready, not at the graceful timeout.
     assert took < GRACEFUL / 2, f"the reload took {took:.1f} s"
@@ -142,17 +161,9 @@ def test_a_reload_hands_every_stream_to_the_new_workers(stack: ServedStack) -> N
 
 
 def test_a_stopping_worker_hands_its_streams_to_another(stack: ServedStack) -> None:
-    key = stack.create_app(slow_greeting(delay=0.02, tokens=400))  # about 8 s of text per run
+    key = stack.create_app(LONG_RUN)
     url = stack.urls[0]
-    runs = [
-        requests.post(
-            f"{url}/v1/workflows/run",
-            json={"inputs": {"name": f"c{index}"}, "user": "u1", "response_mode": "async"},
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=30,
-        ).json()["workflow_run_id"]
-        for index in range(CLIENTS)
-    ]
+    runs = start_runs(stack, key)
     server = stack.servers[0]
     workers = server.worker_pids()
     assert len(workers) == 2
@@ -180,6 +191,7 @@ def test_a_stopping_worker_hands_its_streams_to_another(stack: ServedStack) -> N
         stopped_at = time.monotonic()
         wait_until(lambda: not psutil.pid_exists(stopping) or _zombie(stopping), GRACEFUL, "the stopped worker to exit")
         took = time.monotonic() - stopped_at
+        stop_runs(stack, key, runs)
         results = [future.result() for future in followed]
     # Without the drain the worker would keep its streams until the graceful timeout.
     assert took < GRACEFUL / 2, f"the stopped worker took {took:.1f} s to exit"
