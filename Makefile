@@ -95,14 +95,15 @@ docs: install
 # XDIST_WORKERS processes (pytest-xdist, a file at a time, so module fixtures stay shared; the files
 # with a slow test first, see tests/conftest.py). Every time-based assertion waits on a deadline from a
 # setting the test controls, so the gevent runs' hub timings hold beside it as they do beside
-# make test-loaded's CPU hog. Each run's output is printed whole when it ends.
+# make test-loaded's CPU hog. Each run's output is printed whole when it ends; the threaded run's
+# closes with its 40 slowest steps (--durations), where time goes first.
 XDIST_WORKERS ?= 4
 
 test: lint chromium promtool
 	$(MAKE) --no-print-directory -j3 --output-sync=target test-threads test-gevent-local test-gevent-clustered
 
 test-threads: install chromium node-deps conformance-deps
-	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile -m "not soak"
+	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile -m "not soak" --durations=40
 
 # Two gevent-patched pytest processes side by side (the contracts of the stores on this machine's shared
 # servers; the clustered and NATS stores and the adapters' own tests), each printed whole when it ends.
