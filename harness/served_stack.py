@@ -205,12 +205,29 @@ class GunicornServer:
             return self.log_path.read_text(errors="replace")[-size:]
         return ""
 
+    def _wait_stopped(self, timeout: float) -> None:
+        """Until the master exits. A worker forked just before the SIGTERM misses it (it has not set its
+        handlers yet) and would keep the master waiting out its graceful timeout: each second, the
+        workers still running are told again; a worker already stopping ignores the repeat."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.process.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+                return
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise
+            for pid in self.worker_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
             try:
-                self.process.wait(timeout=30)
+                self._wait_stopped(timeout=30)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.process.pid, signal.SIGKILL)

@@ -12,7 +12,9 @@ import pytest
 from bench.soak import api_kill, celery_kill, storm
 from bench.soak.services import Services, services
 
-pytestmark = pytest.mark.slow  # handed out first by make test (tests/conftest.py)
+# make bench's (pytest -m soak), not make test's: each scenario's regression tests run in make test
+# (test_run_always_ends.py; an API worker killed mid-stream in tests/sdk/test_resume.py).
+pytestmark = pytest.mark.soak
 
 
 @pytest.fixture(scope="module")
