@@ -33,6 +33,10 @@ Used as ``gunicorn --config python:api.gunicorn_conf …``; options given on the
   full collection stalls every stream of the worker for 100-300 ms and frees almost nothing.
 - With ``GC_PAUSE_LOG_MS`` set, every collection of the oldest generation that takes longer than that
   many milliseconds is logged (a pause of every stream of the worker while it runs).
+- A stop (SIGTERM, SIGINT, SIGQUIT) that reaches a worker while it boots is not lost (``post_fork``):
+  until the worker sets its own handlers, its master's, inherited by the fork, only queue the signal, and
+  the master would then wait out ``graceful_timeout`` for a worker that never heard it. The worker
+  acts on it as soon as it has booted.
 - With ``API_METRICS_BIND`` set, the master empties ``METRICS_DIR/api`` before any worker starts,
   serves the workers' summed Prometheus metrics on that bind once ready, and drops a dead worker's
   live gauges (see ``api.extensions.ext_metrics``).
@@ -43,6 +47,8 @@ from __future__ import annotations
 import gc
 import os
 import pathlib
+import queue
+import signal
 import sys
 import tempfile
 import time
@@ -93,6 +99,38 @@ _answer_gunicorns_errors_in_json()
 logger_class = "api.gunicorn_logging.AccessLogger"
 
 
+#: The signals that stop a worker (gunicorn: SIGTERM drains, SIGINT and SIGQUIT quit at once).
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    """In a new worker, before it has handlers of its own: keep the master's signal queue, where the
+    master's handler (this process's until then) puts any signal that arrives in the meantime."""
+    worker.signals_before_boot = getattr(server, "SIG_QUEUE", None)
+
+
+def act_on_stops_missed_at_boot(worker: Any) -> None:
+    """Send this worker again the stop signals that came before it had its handlers, now that it does.
+
+    The queue is this process's copy of the master's: it may also hold what the master had not read
+    when it forked, and a stop pending there means the master is stopping too.
+    """
+    pending = getattr(worker, "signals_before_boot", None)
+    if pending is None or not hasattr(pending, "get_nowait"):
+        return
+    missed: list[int] = []
+    while True:
+        try:
+            sig = pending.get_nowait()
+        except queue.Empty:
+            break
+        if sig in STOP_SIGNALS and sig not in missed:
+            missed.append(sig)
+    for sig in missed:
+        worker.log.info("%s came while this worker booted: acting on it now", signal.Signals(sig).name)
+        os.kill(os.getpid(), sig)
+
+
 def post_worker_init(worker: Any) -> None:
     """After the app is loaded in a worker: collect once, then move everything that exists now out of the GC's sight."""
     if "GEVENT_TRACK_GREENLET_TREE" not in os.environ and "gevent" in sys.modules:
@@ -118,6 +156,7 @@ def post_worker_init(worker: Any) -> None:
         gc.callbacks.append(pause_logger(worker.log, milliseconds / 1000))
     if isinstance(getattr(worker, "ppid", None), int):  # a gunicorn worker (not a test's stand-in)
         (_marks(worker.ppid) / f"ready-{worker.pid}").write_text(repr(time.time()))
+    act_on_stops_missed_at_boot(worker)
 
 
 #: Open files a worker keeps for everything but its clients' sockets (its store and database
@@ -192,8 +231,6 @@ def drain_on_exit(worker: Any) -> None:
     gunicorn does, and its open event streams end at once with a ``retry:`` (spread at random), so
     their clients resume on another worker with ``Last-Event-ID`` instead of waiting out the graceful
     timeout and then losing their connection. gunicorn then finds no connection left and exits."""
-    import signal
-
     import gevent
 
     from api.services.delivery import current_runtime

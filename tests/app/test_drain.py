@@ -4,6 +4,7 @@ their clients resume on another worker with ``Last-Event-ID``: nothing lost, not
 from __future__ import annotations
 
 import concurrent.futures
+import datetime
 import json
 import os
 import pathlib
@@ -21,7 +22,7 @@ from api.core.app.apps.event_codec import unstamped
 from api.core.app.apps.topics import workflow_run_topic
 from api.core.durable_stream import CLOSED, connect
 from harness.app_env import base_env
-from harness.served_stack import ServedStack
+from harness.served_stack import GunicornServer, ServedStack
 from harness.sse import parse_sse
 from harness.waiting import wait_until
 from tests.app.test_service_api import slow_greeting
@@ -206,3 +207,30 @@ def _zombie(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_a_stop_that_lands_while_a_worker_boots_is_not_lost(tmp_path: pathlib.Path) -> None:
+    # Until a new worker sets its own handlers, its master's (inherited by the fork) only queue a signal:
+    # without acting on it once booted, the worker would never stop, and the master would SIGKILL it
+    # when its graceful timeout ran out. Long here, so that "before it" holds however slow the boot.
+    graceful = 120
+    env = base_env(tmp_path, STOP_AT_BOOT_MARKER=str(tmp_path / "stopped-once"))
+    server = GunicornServer(
+        env,
+        tmp_path,
+        workers=1,
+        config="python:tests.app.fixtures.gunicorn_stop_at_boot",
+        extra_args=("--graceful-timeout", str(graceful)),
+    )
+    server.start()
+    try:
+        assert server.process is not None
+        server.process.wait(timeout=graceful + 30)
+    finally:
+        server.stop()
+    lines = [json.loads(line) for line in server.log_tail(50_000).splitlines() if line.startswith("{")]
+    said = {line["message"]: datetime.datetime.fromisoformat(line["ts"]) for line in lines}
+    assert "SIGTERM came while this worker booted: acting on it now" in said, said
+    assert any(message.startswith("Worker exiting") for message in said), said  # not SIGKILLed
+    waited = (said["Shutting down: Master"] - said["Handling signal: term"]).total_seconds()
+    assert waited < graceful, f"the master waited {waited:.1f} s for its booting worker"
