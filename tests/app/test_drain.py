@@ -32,8 +32,9 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 RETRY = re.compile(rb"retry: (\d+)\n\n$")
 CLIENTS = 8
 #: gunicorn's --graceful-timeout here: how long a stopped worker would keep its streams without the drain.
-#: Long, so that "well before it" holds however busy the machine is.
-GRACEFUL = 30
+#: Long, so that "well before it" holds however busy the machine is (a reload's old workers wait at most
+#: 10 s for their successors to boot before they drain, see api/gunicorn_conf.py).
+GRACEFUL = 60
 
 
 @pytest.fixture(scope="module")
