@@ -513,5 +513,15 @@ def test_the_transports_differ_only_in_id_lines(targets: Callable[[str], Target]
     shapes = {}
     for transport in TRANSPORTS:
         events = streaming_run(targets(transport), inputs)  # checks the `id:` lines of each transport
-        shapes[transport] = [(event["event"], sorted(event), sorted(event["data"])) for event in events]
+        # graphon's response filter may let the end node's text out ahead of the node events around it,
+        # from one run to the next: the other events keep their order, the text its chunks.
+        shapes[transport] = (
+            [
+                (event["event"], sorted(event), sorted(event["data"]))
+                for event in events
+                if event["event"] != "text_chunk"
+            ],
+            sorted((sorted(event), sorted(event["data"])) for event in events if event["event"] == "text_chunk"),
+            "".join(event["data"]["text"] for event in events if event["event"] == "text_chunk"),
+        )
     assert shapes["durable_stream"] == shapes["broadcast_channel"]
