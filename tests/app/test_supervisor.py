@@ -34,8 +34,12 @@ def test_sigterm_stops_children_that_exit_without_waiting_out_the_stop_timeout()
     ) as supervisor:
         try:
             assert supervisor.stdout is not None and supervisor.stderr is not None
-            for _ in range(2):  # both children have started (their own output comes through ours)
-                assert supervisor.stdout.readline().strip() == "up"
+            # Both children have started (their own output comes through ours; the two may interleave).
+            seen = ""
+            while seen.count("up") < 2:
+                line = supervisor.stdout.readline()
+                assert line, f"the supervisor's output ended before both children were up: {seen!r}"
+                seen += line
             supervisor.send_signal(signal.SIGTERM)
             # Both children exit on SIGTERM at once; one stop timeout is less than one child used to cost.
             code = supervisor.wait(timeout=STOP_TIMEOUT)
