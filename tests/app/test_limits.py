@@ -138,7 +138,9 @@ def test_passports_per_address_and_minute(tmp_path: pathlib.Path, store: str) ->
         assert sum(answer.status_code == 200 for answer in answers) == limit
         for answer in answers:
             if answer.status_code != 200:
-                assert_refused(answer, "passports", range(55, 61))
+                # At most the minute: 61 when a concurrent passport, stamped a moment after this
+                # request read the clock, is the window's oldest.
+                assert_refused(answer, "passports", range(55, 62))
         both_refused(answers, 200)
 
 

@@ -302,7 +302,7 @@ def test_a_forms_answer_and_token_never_reach_a_log(stack: tuple[ServedStack, Sc
     answer = {"inputs": {"approved": "true", "note": secret}, "action": "submit", "user": "u1"}
     assert requests.post(f"{url}/v1/form/human_input/{token}", json=answer, headers=auth, timeout=30).ok
     run_id = paused["workflow_run_id"]
-    done = f"run {run_id}: attempt ended"
+    done = f"run {run_id}: attempt ended (succeeded)"  # the resumed attempt's, not the paused one's
     wait_until(lambda: done in served.celery[0].log_path.read_text(errors="replace").replace('"', ""), 30, "the end")
     logs = [served.celery[0].log_path, served.servers[0].log_path, served.servers[0].access_log]
     everything = "".join(path.read_text(errors="replace") for path in logs)
