@@ -209,7 +209,8 @@ def test_gateway_streams_and_bytes_per_key(tmp_path: pathlib.Path, store: str) -
         assert sum(answer.status_code == 201 for answer in answers) == 4
         refused = [answer for answer in answers if answer.status_code != 201]
         assert all(answer.status_code == 429 and answer.text.startswith("rate_limit_error") for answer in refused)
-        assert all(55 <= int(answer.headers["Retry-After"]) <= 60 for answer in refused)
+        # 61 when a concurrent create, stamped just after this request read the clock, is the window's oldest.
+        assert all(55 <= int(answer.headers["Retry-After"]) <= 61 for answer in refused)
         both_refused(answers, 201)
         # 20 creates of 500 KiB: two fit in the key's MiB a minute, the rest are refused before they are stored.
         answers, _ = burst(20, lambda index: create(bytes_app, 500 * 1024, index))
