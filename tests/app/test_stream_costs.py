@@ -138,6 +138,7 @@ def test_a_closed_subscription_ends_with_the_event_left_for_it() -> None:
 
 
 def _running_run_of_a_dead_worker(harness: AppHarness, key: str) -> dict[str, str]:
+    """A run a worker claimed with a lease it will never renew (the test lets the lease lapse)."""
     run = start_async(harness, key)  # queued; no worker takes it
     with harness.app.app_context():
         row = db.session.get(WorkflowRun, run["workflow_run_id"])
@@ -145,7 +146,7 @@ def _running_run_of_a_dead_worker(harness: AppHarness, key: str) -> dict[str, st
         app = db.session.get(App, row.app_id)
         assert app is not None
         durable_stream().topic(workflow_run_topic("workflow", row.id)).append(encode_event(started_event_of(app, row)))
-        assert run_store.claim(row.id, row.attempt_id or "", 0.5)
+        assert run_store.claim(row.id, row.attempt_id or "", 3600)
         db.session.remove()
     return run
 
@@ -165,16 +166,19 @@ def test_one_watcher_ends_every_stream_of_a_run_whose_worker_died(dead_worker_ha
         results.append(events_of(stream(reconnect(harness, key, run["task_id"], "u1"))))
 
     readers = [threading.Thread(target=read) for _ in range(5)]
-    started = time.monotonic()
     for reader in readers:
         reader.start()
-    time.sleep(0.3)
     with harness.app.app_context():
-        assert run_watcher().watched() == 1, "five streams of one run: one watched run"
+        watcher = run_watcher()
+        deadline = time.monotonic() + 30
+        while watcher.streams_of(run["workflow_run_id"]) < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert watcher.streams_of(run["workflow_run_id"]) == 5
+        assert watcher.watched() == 1, "five streams of one run: one watched run"
+        assert run_store.renew_lease(run["workflow_run_id"], -1), "the dead worker's lease lapses"
     for reader in readers:
-        reader.join(timeout=20)
-    assert time.monotonic() - started < 10
-    assert len(results) == 5
+        reader.join(timeout=30)
+    assert len(results) == 5, "every stream ended"
     for events in results:
         assert [e["event"] for e in events] == ["workflow_started", "workflow_finished"]
         assert events[-1]["data"]["status"] == "failed" and "lease expired" in events[-1]["data"]["error"]

@@ -215,6 +215,11 @@ class RunWatcher:
         with self._lock:
             return len(self._streams)
 
+    def streams_of(self, run_id: str) -> int:
+        """How many open streams of ``run_id`` are watched (for tests and diagnostics)."""
+        with self._lock:
+            return len(self._streams.get(run_id, ()))
+
     def _run(self) -> None:
         while True:
             time.sleep(self._interval)
