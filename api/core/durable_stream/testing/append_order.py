@@ -62,7 +62,7 @@ class AppendOrderContract(ContractBase):
             assert [r.payload for r in drain(subscription, 1)] == [b"across"]
 
     def test_concurrent_producers_yield_one_total_order(self, backend: DurableStreamBackend, topic_name: str) -> None:
-        producers, per_producer = 8, 1000
+        producers, per_producer = 8, 250
         topic = backend.topic(topic_name)
         readers = [topic.subscribe_from_tail() for _ in range(2)]
         for reader in readers:
