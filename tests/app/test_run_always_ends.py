@@ -393,7 +393,10 @@ def test_a_stream_store_that_is_down_answers_503_and_the_run_still_ends(
 def test_a_reader_ends_with_the_rows_outcome_when_the_end_stays_pending(
     make_harness: Callable[..., AppHarness],
 ) -> None:
-    harness = make_harness(start_worker=False, WORKFLOW_END_RETRY_DEADLINE=1, WORKFLOW_LEASE_TTL=3)
+    end_retry_deadline, lease_ttl = 1, 3
+    harness = make_harness(
+        start_worker=False, WORKFLOW_END_RETRY_DEADLINE=end_retry_deadline, WORKFLOW_LEASE_TTL=lease_ttl
+    )
     key = harness.create_app("greeting")["api_key"]
     run = start_async(harness, key)  # queued; no worker takes it
     run_id = run["workflow_run_id"]
@@ -405,9 +408,11 @@ def test_a_reader_ends_with_the_rows_outcome_when_the_end_stays_pending(
         # one may repair it for an hour, yet its readers must not wait that long.
         assert run_store.finish(run_id, "failed", outputs=None, error="gone", steps=0, repair_after=time.time() + 3600)
         db.session.remove()
+    # The watcher's grace: the end retry deadline plus one of its checks (every third of the lease).
+    grace = end_retry_deadline + max(0.5, lease_ttl / 3)
     opened = time.monotonic()
     messages = stream(reconnect(harness, key, run["task_id"], "u1"))
-    assert time.monotonic() - opened < 10, "the reader waited past its grace period"
+    assert time.monotonic() - opened < 5 * grace, "the reader waited past its grace period"
     events = [m for m in messages if not m.is_ping]
     assert [m.json["event"] for m in events] == ["workflow_started", "workflow_finished"]
     assert events[-1].id is None and events[-1].json["data"]["status"] == "failed"
