@@ -232,11 +232,15 @@ def test_a_prefork_worker_serves_what_its_pool_processes_count(tmp_path: pathlib
         served.celery[-1].wait_ready()
         worker = Scraper(f"http://127.0.0.1:{worker_port}/")
         key = served.create_app(GREETING)
+        appended = 0
         for _ in range(2):
             _, messages = _stream(served.urls[0], key)
             assert messages[-1].json["data"]["status"] == "succeeded"
+            # The worker appends all but the start; a run's count of text chunks varies (graphon's filter
+            # may let held-back text out in fewer, longer chunks), so each run's own events are counted.
+            appended += len(messages) - 1
         worker.wait_for("workflow_runs_finished_total", 2, status="succeeded")
-        worker.wait_for("durable_stream_appends_total", 2 * (len(messages) - 1), backend="sqlite", outcome="ok")
+        worker.wait_for("durable_stream_appends_total", appended, backend="sqlite", outcome="ok")
         # Files per process (counter_<pid>.db, …): the runs were counted by pool children.
         writers = {int(path.stem.rpartition("_")[2]) for path in (tmp_path / "metrics" / "worker").glob("*.db")}
         assert writers - {served.celery[-1].process.pid}, f"only the main process wrote metrics: {writers}"
