@@ -23,6 +23,7 @@ from api.services.delivery.reading import EventBatch, Notice, Ping, StreamEvent,
 from api.services.delivery.watcher import run_watcher
 from api.services.run_recovery import started_event_of
 from harness.sse import parse_sse
+from harness.waiting import wait_until
 from tests.app.conftest import AppHarness
 from tests.app.test_events_sse import events_of, reconnect, stream
 from tests.app.test_run_always_ends import start_async
@@ -170,10 +171,7 @@ def test_one_watcher_ends_every_stream_of_a_run_whose_worker_died(dead_worker_ha
         reader.start()
     with harness.app.app_context():
         watcher = run_watcher()
-        deadline = time.monotonic() + 30
-        while watcher.streams_of(run["workflow_run_id"]) < 5 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert watcher.streams_of(run["workflow_run_id"]) == 5
+        wait_until(lambda: watcher.streams_of(run["workflow_run_id"]) == 5, 30, "the five streams to be watched")
         assert watcher.watched() == 1, "five streams of one run: one watched run"
         assert run_store.renew_lease(run["workflow_run_id"], -1), "the dead worker's lease lapses"
     for reader in readers:
