@@ -22,8 +22,10 @@ FAST: dict[str, Any] = {
     "WORKFLOW_REDISPATCH_AFTER": 1,
     "WORKFLOW_REAPER_INTERVAL": 0.3,
     "WORKFLOW_LEASE_TTL": 2,
-    # A worker holds one message it has fetched beside the one it runs (-c 1): one to lose when killed.
-    "CELERY_PREFETCH_MULTIPLIER": 2,
+    # A worker holds messages it has fetched beside the one it runs (-c 1): some to lose when killed. Three
+    # slots, not one: a busy run whose claim took longer than WORKFLOW_REDISPATCH_AFTER (a loaded machine)
+    # was sent again, and its duplicate, held until the busy thread is free, must not be all the worker holds.
+    "CELERY_PREFETCH_MULTIPLIER": 4,
     "CELERY_VISIBILITY_TIMEOUT": 30,
 }
 #: Settings each broker adds: Redis (the shared server, a queue of the test's own), Celery's filesystem one.
