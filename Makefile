@@ -15,7 +15,7 @@ comma := ,
 # each of its processes (collection 8.5 CPU-seconds instead of 3.9).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install lock chromium promtool node-deps conformance-deps test-conformance lint docs test test-loaded test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
+.PHONY: install lock chromium promtool node-deps conformance-deps test-conformance lint docs test test-durations test-loaded test-threads test-gevent test-gevent-local test-gevent-clustered bench soak run clean
 
 install: $(STAMP)
 
@@ -96,19 +96,25 @@ docs: install
 # durable-stream and broadcast contracts and the Redis and NATS adapters' own tests (their shared readers
 # differ between threads and gevent) again under gevent; the soak-like cases (-m soak) are make bench's.
 # Most tests wait on the servers they start, not on the CPU: the threaded suite runs its files in
-# XDIST_WORKERS processes (pytest-xdist, a file at a time, so module fixtures stay shared; the files
-# with a slow test first, see tests/conftest.py). Every time-based assertion waits on a deadline from a
+# XDIST_WORKERS processes (pytest-xdist, a file at a time, so module fixtures stay shared; the longest
+# files first, by tests/durations.json, see tests/conftest.py). Every time-based assertion waits on a deadline from a
 # setting the test controls, so the gevent runs' hub timings hold beside it as they do beside
 # make test-loaded's CPU hog. Each run's output is printed whole when it ends; the threaded run's
 # closes with its 40 slowest steps (--durations), where time goes first.
 XDIST_WORKERS ?= 4
+# Whole files, handed out in the order tests/conftest.py gives them (not xdist's own: most tests first).
+DIST := --dist loadfile --no-loadscope-reorder
 
 # The lint runs beside the tests (it fails make test all the same, only later).
 test: install chromium promtool
 	$(MAKE) --no-print-directory -j4 --output-sync=target lint test-threads test-gevent-local test-gevent-clustered
 
 test-threads: install chromium node-deps conformance-deps
-	$(BIN)/pytest tests -n $(XDIST_WORKERS) --dist loadfile -m "not soak" --durations=40
+	$(BIN)/pytest tests -n $(XDIST_WORKERS) $(DIST) -m "not soak" --durations=40
+
+# tests/durations.json anew, from one threaded run: the files' order in make test (longest first).
+test-durations: install chromium promtool node-deps conformance-deps
+	$(BIN)/pytest tests -n $(XDIST_WORKERS) $(DIST) -m "not soak" -p no:cacheprovider --record-durations
 
 # Two gevent-patched pytest processes side by side (the contracts of the stores on this machine's shared
 # servers; the clustered and NATS stores and the adapters' own tests), each printed whole when it ends.
@@ -150,7 +156,7 @@ test-conformance: install conformance-deps
 
 # The benchmarks, and the tests too soak-like for make test (pytest -m soak: bulk appends measuring memory).
 bench: install
-	$(BIN)/pytest tests -m soak -n $(XDIST_WORKERS) --dist loadfile -p no:cacheprovider
+	$(BIN)/pytest tests -m soak -n $(XDIST_WORKERS) $(DIST) -p no:cacheprovider
 	$(BIN)/python -m bench.redis
 	$(BIN)/python -m bench.postgres
 	$(BIN)/python -m bench.nats
