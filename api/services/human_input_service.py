@@ -244,7 +244,8 @@ def _resume(run: WorkflowRun, submission: dict[str, Any], answer: Update | None 
 
 
 def expire(app: App, form_id: str, run: WorkflowRun) -> bool:
-    """End a form whose time is up and resume its run with the timeout; ``False`` if someone else did."""
+    """End a form whose time is up and resume its run with the timeout; ``False`` if someone else did, or
+    if its run has not recorded the pause yet (the next sweep expires it once it has)."""
     db.session.refresh(run)
     if run.status == WorkflowRunStatus.PAUSED.value and _resume(
         run, {"kind": "timeout"}, form_store.expire_statement(form_id)
@@ -252,7 +253,11 @@ def expire(app: App, form_id: str, run: WorkflowRun) -> bool:
         with log_context.bound(run_recovery.run_log_fields(app, run)):
             logger.info("run %s: form %s expired; the run resumes with the timeout", run.id, form_id)
         return True
-    return form_store.expire(form_id)  # nothing to resume (or it lost its race): the form alone
+    if not run.run_status.is_terminal:
+        # The attempt opens the form before it records the pause: ending the form alone now would leave
+        # the run paused with nothing to resume it. (A resume that won a race has closed the form itself.)
+        return False
+    return form_store.expire(form_id)  # nothing to resume: the form alone
 
 
 def expire_overdue() -> int:

@@ -18,6 +18,7 @@ from sqlalchemy import update
 
 from api.models import HumanInputForm, TaskOutbox, WorkflowRun
 from api.models.engine import db
+from api.services import human_input_service
 from api.services.task_queue import dispatch_due
 from harness.app_database import APP_DATABASES
 from harness.processes import free_port
@@ -252,6 +253,32 @@ def test_an_unanswered_form_expires_and_its_run_fails_with_the_timeout(
     token = paused["data"]["reasons"][0]["form_token"]
     late = harness.post(form_path(token), key, {"inputs": {"approved": "true"}, "action": "submit", "user": "u1"})
     assert late.status_code == 412 and late.json["code"] == "human_input_form_expired"
+
+
+def test_a_form_due_before_its_pause_is_recorded_still_resumes_the_run(
+    make_harness: Callable[..., AppHarness],
+) -> None:
+    """The attempt opens its form, then records the pause. A sweep in between (a loaded machine, a short
+    timeout) leaves the form to a later sweep, which resumes the run with the timeout: ending the form
+    alone would leave the run paused with nothing to resume it."""
+    harness = make_harness(WORKFLOW_REAPER_INTERVAL=0)  # the test sweeps itself
+    key = harness.create_app(with_form(timeout=3600))["api_key"]
+    paused = pause(harness, key)
+    run_id, form_id = paused["workflow_run_id"], paused["data"]["reasons"][0]["form_id"]
+    with harness.app.app_context():
+        # That moment: the form open and due, its run still running (the pause not recorded yet).
+        db.session.execute(update(WorkflowRun).where(WorkflowRun.id == run_id).values(status="running"))
+        db.session.execute(update(HumanInputForm).where(HumanInputForm.id == form_id).values(expires_at=time.time()))
+        db.session.commit()
+        assert human_input_service.expire_overdue() == 0
+        form = db.session.get(HumanInputForm, form_id)
+        assert form is not None and form.status == "waiting"
+        db.session.execute(update(WorkflowRun).where(WorkflowRun.id == run_id).values(status="paused"))
+        db.session.commit()
+        assert human_input_service.expire_overdue() == 1
+        db.session.remove()
+    detail = wait_for_status(harness, key, run_id, "u1", {"failed"}, timeout=20)
+    assert detail["error"] == "the human input form expired"
 
 
 def test_a_reader_expires_a_form_when_no_reaper_does(make_harness: Callable[..., AppHarness]) -> None:
