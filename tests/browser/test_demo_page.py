@@ -36,9 +36,11 @@ from tests.app import examples
 from tests.app.test_service_api import slow_greeting
 from tests.browser.conftest import open_tokens, runs_with_input, stored_events, trim_topic
 
-#: Long enough an LLM stream (4 s or more) for three cuts (about 1.5 s in all), each followed by more of it.
+#: Long enough an LLM stream (12 s or more) for three cuts (about 1.5 s in all), each followed by more of it,
+#: however far the page's rendering lags behind the server on a loaded machine (4 s was not: the run paused,
+#: its stream ended, before the second cut).
 TOKENS = 400
-TOKEN_DELAY = 0.01
+TOKEN_DELAY = 0.03
 #: A deadline, not a pause: on a loaded 2-core machine the 400 tokens alone can take 15 s.
 WAIT_MS = 60_000
 

@@ -397,7 +397,10 @@ def test_gevent_blocked_receives_do_not_stop_other_greenlets(schema: str) -> Non
         from api.core.durable_stream import connect
 
         url, schema = sys.argv[1], sys.argv[2]
-        backend = connect(url, schema=schema, poll_interval=0.2)
+        # A receive that blocked the hub would stop every greenlet for a poll interval at least (up to
+        # its timeout); a loaded machine's scheduler alone does not stop this process for that long.
+        poll = 1.0
+        backend = connect(url, schema=schema, poll_interval=poll)
         writer = connect(url, schema=schema)
         names = [uuid.uuid4().hex for _ in range(50)]
         subscriptions = [backend.topic(name).subscribe_from_tail() for name in names]
@@ -428,8 +431,8 @@ def test_gevent_blocked_receives_do_not_stop_other_greenlets(schema: str) -> Non
         assert delivered == names[:10], delivered
         assert all(r is None for r in got[10:]), got[10:]
         gaps = [b - a for a, b in zip(ticks, ticks[1:])]
-        assert len(ticks) > 150, len(ticks)
-        assert max(gaps) < 0.2, max(gaps)
+        assert ticks[-1] - ticks[0] > 2.5 - poll, (ticks[0], ticks[-1])
+        assert max(gaps) < poll, max(gaps)
         import psycopg.waiting
         assert psycopg.waiting.wait is not psycopg.waiting.wait_c
         backend.close()
