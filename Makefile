@@ -97,8 +97,8 @@ docs: install
 # differ between threads and gevent) again under gevent; the soak-like cases (-m soak) are make bench's.
 # Most tests wait on the servers they start, not on the CPU: the threaded suite runs its files in
 # XDIST_WORKERS processes (pytest-xdist, a file at a time, so module fixtures stay shared; the longest
-# files first, by tests/durations.json, see tests/conftest.py). Every time-based assertion waits on a deadline from a
-# setting the test controls, so the gevent runs' hub timings hold beside it as they do beside
+# files first, by tests/durations.json, see tests/conftest.py). Every time-based assertion waits on a
+# deadline from a setting the test controls, so the gevent runs' hub timings hold beside it as they do beside
 # make test-loaded's CPU hog. Each run's output is printed whole when it ends; the threaded run's
 # closes with its 40 slowest steps (--durations), where time goes first.
 XDIST_WORKERS ?= 4

@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
 
     def length(path: pathlib.Path) -> float:
-        known = recorded.get(_relative(path))
+        known = recorded.get(path.relative_to(ROOT).as_posix())
         return known if known is not None else longest if path in slow_files else 0.0
 
     order = {id(item): index for index, item in enumerate(items)}
@@ -65,7 +65,3 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if session.config.getoption("record_durations") and not hasattr(session.config, "workerinput"):
         totals = {path: round(seconds, 1) for path, seconds in sorted(_durations.items())}
         DURATIONS.write_text(json.dumps(totals, indent=1) + "\n")
-
-
-def _relative(path: pathlib.Path) -> str:
-    return path.relative_to(ROOT).as_posix()

@@ -76,6 +76,11 @@ class AppHarness:
         with self.app.app_context():
             return durable_stream().admin.topic_info(workflow_run_topic(mode, run_id))
 
+    def sealed(self, run_id: str, mode: str = "workflow") -> Any:
+        """The run's topic info once its topic is sealed, else ``None`` (for ``wait_until``)."""
+        info = self.topic_info(run_id, mode)
+        return info if info is not None and info.sealed else None
+
     def close(self) -> None:
         with self.app.app_context():
             self.app.extensions["durable_stream"].close()

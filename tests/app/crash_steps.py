@@ -93,13 +93,8 @@ def wait_ended(harness: AppHarness, run_id: str, status: str, timeout: float = 4
     """Wait for the run's row to be ``status`` and its topic sealed; return its stored events' names."""
     wait_until(lambda: row(harness, run_id).status == status, timeout, f"run {run_id} to be {status}")
     # The row fails first, then its end is written: a worker that died before its first event left no topic.
-    wait_until(lambda: _sealed(harness, run_id), 15, f"the end of run {run_id} in its topic")
+    wait_until(lambda: harness.sealed(run_id), 15, f"the end of run {run_id} in its topic")
     return event_names(harness, run_id)
-
-
-def _sealed(harness: AppHarness, run_id: str) -> bool:
-    info = harness.topic_info(run_id)
-    return info is not None and info.sealed
 
 
 def assert_once(names: list[str], *, resumed: bool = False, died: bool = False) -> None:

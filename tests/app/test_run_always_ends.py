@@ -50,8 +50,7 @@ def ended(harness: AppHarness, run_id: str) -> bool:
     values = row(harness, run_id)
     if values["status"] not in ("succeeded", "failed", "stopped") or not values["stream_ended"]:
         return False
-    info = harness.topic_info(run_id)
-    return info is not None and info.sealed
+    return harness.sealed(run_id) is not None
 
 
 def assert_ended_visibly(harness: AppHarness, key: str, run_id: str, user: str = "u1") -> list[dict[str, Any]]:

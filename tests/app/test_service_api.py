@@ -72,12 +72,6 @@ def test_create_app_refuses_an_invalid_workflow(harness: AppHarness, tmp_path: A
     assert result.exit_code != 0 and "invalid workflow" in result.output
 
 
-def sealed(harness: AppHarness, run_id: str) -> Any:
-    """The run's topic info once it is sealed, else ``None``."""
-    info = harness.topic_info(run_id)
-    return info if info is not None and info.sealed else None
-
-
 def test_blocking_run_returns_the_final_outputs(harness: AppHarness, greeting: dict[str, str]) -> None:
     response = harness.post(
         "/v1/workflows/run", greeting["api_key"], {"inputs": {"name": "Ada"}, "user": "u1", "response_mode": "blocking"}
@@ -92,7 +86,7 @@ def test_blocking_run_returns_the_final_outputs(harness: AppHarness, greeting: d
     assert events[0]["event"] == "workflow_started" and events[-1]["event"] == "workflow_finished"
     assert {e["task_id"] for e in events} == {body["task_id"]}
     # The worker appends the end, then seals: a blocking answer may come between the two.
-    info = wait_until(lambda: sealed(harness, body["workflow_run_id"]), 10, "the run's topic to be sealed")
+    info = wait_until(lambda: harness.sealed(body["workflow_run_id"]), 10, "the run's topic to be sealed")
     assert info.length == len(events)
 
 
@@ -305,7 +299,7 @@ def test_an_engine_that_raises_ends_the_run_failed_and_sealed(harness: AppHarnes
     names = [e["event"] for e in harness.events(body["workflow_run_id"])]
     assert names.count("workflow_started") == 1 and names[-1] == "workflow_finished"
     assert harness.events(body["workflow_run_id"])[-1]["data"]["status"] == "failed"
-    wait_until(lambda: sealed(harness, body["workflow_run_id"]), 10, "the failed run's topic to be sealed")
+    wait_until(lambda: harness.sealed(body["workflow_run_id"]), 10, "the failed run's topic to be sealed")
 
 
 def test_a_listener_going_away_does_not_cancel_the_run(harness: AppHarness) -> None:

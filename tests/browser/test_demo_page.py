@@ -41,7 +41,7 @@ from tests.browser.conftest import open_tokens, runs_with_input, stored_events, 
 #: its stream ended, before the second cut).
 TOKENS = 400
 TOKEN_DELAY = 0.03
-#: A deadline, not a pause: on a loaded 2-core machine the 400 tokens alone can take 15 s.
+#: A deadline, not a pause: on a loaded 2-core machine the 400 tokens alone take well over their 12 s.
 WAIT_MS = 60_000
 
 

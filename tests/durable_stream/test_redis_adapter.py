@@ -793,12 +793,11 @@ def test_idle_subscriptions_cost_no_reads_and_one_head_check_covers_all_topics(
     wait_until(lambda: set(names) <= _subscribed_topics(backend), timeout=10.0, what="the shared reader to subscribe")
     # Caught up: no read between two head checks in a row (a loaded machine can delay a subscription's
     # last read past the moment the shared reader has subscribed).
-    seen: list[tuple[int, int]] = []
+    reads_at: dict[int, int] = {}  # head checks made -> the reads counted when that many were first seen
 
     def settled() -> bool:
-        seen.append((len(checks), reads()))
-        earlier = [count for made, count in seen if made <= len(checks) - 2]
-        return bool(earlier) and earlier[-1] == reads()
+        reads_at.setdefault(len(checks), reads())
+        return reads_at.get(len(checks) - 2) == reads()
 
     wait_until(settled, timeout=10.0, what="the subscriptions to catch up and wait")
     before_reads, before_checks = reads(), len(checks)
