@@ -207,6 +207,14 @@ def postgres_engine(backend: DurableStreamBackend) -> Any:
     return driver(backend)._engine
 
 
+def postgres_listening(backend: DurableStreamBackend) -> tuple[int | None, set[str]]:
+    """The backend pid of the change feed's hint connection and the channels it has ``LISTEN``-ed on."""
+    hints = driver(backend)._hints
+    if hints._conn is None:
+        return None, set()
+    return hints._own_pid, set(hints._listening)
+
+
 # -- cursors ------------------------------------------------------------------------------------
 
 

@@ -267,13 +267,17 @@ def test_waiting_and_calling_never_block_the_gevent_hub(open_nats: Any) -> None:
             gevent.sleep(0.005)
             ticks.append(time.monotonic())
 
+    subscribed = []
+
     def read(index: int) -> list[bytes]:
         with topics[index].subscribe_from_tail() as subscription:
+            subscribed.append(index)
             return [r.payload for r in drain(subscription, 20, timeout=30)]
 
     ticker = gevent.spawn(tick)
     readers = [gevent.spawn(read, index) for index in range(10) for _ in range(5)]
-    gevent.sleep(0.3)
+    # Every tail resolved before the first append (a reader subscribing after it would rightly miss it).
+    wait_until(lambda: len(subscribed) == len(readers), timeout=30, what="every reader subscribed")
     started = time.monotonic()
     for number in range(20):
         for topic in topics:

@@ -123,7 +123,12 @@ def test_terminated_connections_are_replaced_without_skipping(running: PostgresS
         wait_until(
             lambda: bool(_backend_pids(running, app) - before), timeout=10, what="the hint connection to come back"
         )
-        time.sleep(0.2)  # let it LISTEN again
+        # The hint connection is a new one and has LISTEN-ed again (until then only the poll would wake it).
+        wait_until(
+            lambda: (listening := hooks.postgres_listening(reader))[0] not in before and bool(listening[1]),
+            timeout=10,
+            what="the new hint connection to LISTEN",
+        )
         latencies = []
         for index in range(10, 15):
             started = time.monotonic()
