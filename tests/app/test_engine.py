@@ -72,6 +72,14 @@ def test_only_text_that_reaches_an_end_node_streams() -> None:
     assert "text_chunk" not in names(events)
 
 
+def test_a_form_is_never_due_before_its_timeout() -> None:
+    # Dify's expiration_time is whole seconds; a form of half a second must not be due when it opens.
+    opened_at = time.time()
+    _, events = run_engine(GREETING, FORMAL, form_timeout=0.5)
+    form = events[-2]["data"]
+    assert isinstance(form["expiration_time"], int) and form["expiration_time"] >= opened_at + 0.5
+
+
 def test_a_formal_greeting_pauses_for_its_form_and_resumes_from_graphon_s_snapshot() -> None:
     opened: list[dict[str, Any]] = []
     engine, events = run_engine(GREETING, FORMAL, open_form=lambda node, form: opened.append(dict(form)))

@@ -10,6 +10,7 @@ form's expiry (the node fails, and the run with it, as before).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import secrets
 import time
@@ -113,7 +114,9 @@ class HumanInput:
             return self._completed(_rendered_references(node, context.variable_pool), answer)
         timeout = float(node.config.get("timeout") or self._form_timeout)
         shown = _rendered_references(node, context.variable_pool)
-        form = public_form(shown, new_ticket(int(time.time() + timeout)), _pool_view(node, context.variable_pool))
+        # Dify's expiration_time is whole seconds: rounded up, so the form is never due before its timeout.
+        expires = math.ceil(time.time() + timeout)
+        form = public_form(shown, new_ticket(expires), _pool_view(node, context.variable_pool))
         self._open_form(node, form)
         self.opened[node.id] = form
         return PauseRequested(session_id=form["form_id"])
