@@ -791,13 +791,18 @@ def test_idle_subscriptions_cost_no_reads_and_one_head_check_covers_all_topics(
             assert [r.payload for r in drain(subscription, 1)] == [b"r0"]
             subscriptions.append(subscription)
     wait_until(lambda: set(names) <= _subscribed_topics(backend), timeout=10.0, what="the shared reader to subscribe")
-    # Caught up: no read between two head checks in a row (a loaded machine can delay a subscription's
-    # last read past the moment the shared reader has subscribed).
-    reads_at: dict[int, int] = {}  # head checks made -> the reads counted when that many were first seen
+    # Caught up: once subscribed, the shared reader wakes each topic once (closing the window between a
+    # subscription's first read and the subscribe), and a subscription reads on its next receive. When
+    # that wake-up came after a topic's subscriptions had drained, they read once more: a round of
+    # receives that reads nothing shows every wake-up taken (two in a row: a topic is counted as
+    # subscribed just before its wake-up is sent).
+    quiet = [0]
 
     def settled() -> bool:
-        reads_at.setdefault(len(checks), reads())
-        return reads_at.get(len(checks) - 2) == reads()
+        before = reads()
+        assert all(subscription.receive(timeout=0) is None for subscription in subscriptions)
+        quiet[0] = quiet[0] + 1 if reads() == before else 0
+        return quiet[0] >= 2
 
     wait_until(settled, timeout=10.0, what="the subscriptions to catch up and wait")
     before_reads, before_checks = reads(), len(checks)
