@@ -157,6 +157,17 @@ def test_actions_follow_dify_s_rules(actions: list[dict[str, Any]], message: str
         Graph(graph([], actions=actions))
 
 
+@pytest.mark.parametrize("timeout", ["soon", [1], True, -5, float("inf"), float("nan"), 1e308])
+def test_a_form_timeout_that_is_not_a_positive_number_is_refused(timeout: Any) -> None:
+    # Refused at create-app: at run time it would fail the worker's form, or make the form due at once.
+    with pytest.raises(WorkflowDefinitionError, match="timeout must be a positive number"):
+        Graph(graph(timeout=timeout, timeout_unit="day"))
+
+
+def test_a_form_timeout_is_taken_in_its_unit() -> None:
+    assert Graph(graph(timeout="2", timeout_unit="hour")).nodes["ask"].config["timeout"] == 7200
+
+
 VALID = {"decision": "approve", "flavour": "mint", "comment": "fine", "report": PDF, "photos": [PHOTO, PHOTO]}
 
 

@@ -169,7 +169,7 @@ def test_stop_a_running_run(harness: AppHarness) -> None:
     detail = wait_for_status(harness, key, run["workflow_run_id"], "u1", {"stopped"}, timeout=15)
     assert detail["error"] == "stopped by user"
     # The row is written before the end is appended and the topic sealed: wait for the seal.
-    wait_until(lambda: harness.topic_info(run["workflow_run_id"]).sealed, 10, "the stopped run's topic to be sealed")
+    wait_until(lambda: harness.sealed(run["workflow_run_id"]), 10, "the stopped run's topic to be sealed")
     events = harness.events(run["workflow_run_id"])
     assert events[-1]["event"] == "workflow_finished" and events[-1]["data"]["status"] == "stopped"
     again = harness.post(f"/v1/workflows/tasks/{run['task_id']}/stop", key, {"user": "u1"})
@@ -191,7 +191,7 @@ def test_pause_and_resume_with_human_input(harness: AppHarness, greeting: dict[s
     assert ok.status_code == 200 and ok.json["task_id"] == paused["task_id"]
     detail = wait_for_status(harness, key, run_id, "u2", {"succeeded"})
     assert detail["outputs"]["greeting"].endswith("(approved: true)")
-    wait_until(lambda: harness.topic_info(run_id).sealed, 10, "the resumed run's topic to be sealed")
+    wait_until(lambda: harness.sealed(run_id), 10, "the resumed run's topic to be sealed")
     events = harness.events(run_id)
     names = [e["event"] for e in events]
     # Dify's shape: the resumed attempt starts again, with its reason.
@@ -215,7 +215,9 @@ def test_stopping_a_paused_run_ends_it_in_the_api(harness: AppHarness, greeting:
     detail = wait_for_status(harness, key, paused["workflow_run_id"], "u3", {"stopped"}, timeout=5)
     assert detail["status"] == "stopped" and detail["outputs"] == {}
     events = harness.events(paused["workflow_run_id"])
-    assert events[-1]["data"]["status"] == "stopped" and harness.topic_info(paused["workflow_run_id"]).sealed
+    assert events[-1]["data"]["status"] == "stopped"
+    # The end is appended, then the topic sealed: the row may say stopped between the two.
+    wait_until(lambda: harness.sealed(paused["workflow_run_id"]), 10, "the stopped run's topic to be sealed")
 
 
 def test_a_failing_node_fails_the_run_and_seals(harness: AppHarness) -> None:
@@ -227,7 +229,7 @@ def test_a_failing_node_fails_the_run_and_seals(harness: AppHarness) -> None:
     events = harness.events(body["workflow_run_id"])
     assert events[-1]["data"]["status"] == "failed"
     # The answer comes with the end event; the seal that follows it may land a moment later.
-    wait_until(lambda: harness.topic_info(body["workflow_run_id"]).sealed, 10, "the failed run's topic to be sealed")
+    wait_until(lambda: harness.sealed(body["workflow_run_id"]), 10, "the failed run's topic to be sealed")
 
 
 def test_watchdog_timeout_stops_the_run(make_harness: Callable[..., AppHarness]) -> None:
@@ -241,7 +243,7 @@ def test_watchdog_timeout_stops_the_run(make_harness: Callable[..., AppHarness])
     events = harness.events(body["workflow_run_id"])
     assert events[-1]["data"]["status"] == "stopped"
     # The worker seals the topic right after its last event, which the blocking answer may beat.
-    wait_until(lambda: harness.topic_info(body["workflow_run_id"]).sealed, 10, "the stopped run's topic to be sealed")
+    wait_until(lambda: harness.sealed(body["workflow_run_id"]), 10, "the stopped run's topic to be sealed")
 
 
 def test_a_killed_worker_is_caught_by_the_lease(make_harness: Callable[..., AppHarness]) -> None:

@@ -120,15 +120,13 @@ def test_terminated_connections_are_replaced_without_skipping(running: PostgresS
         wait_until(
             lambda: len(received) == 10 or bool(errors), timeout=10, what="records appended after the termination"
         )
-        wait_until(
-            lambda: bool(_backend_pids(running, app) - before), timeout=10, what="the hint connection to come back"
-        )
-        # The hint connection is a new one and has LISTEN-ed again (until then only the poll would wake it).
-        wait_until(
-            lambda: (listening := hooks.postgres_listening(reader))[0] not in before and bool(listening[1]),
-            timeout=10,
-            what="the new hint connection to LISTEN",
-        )
+
+        def listening_again() -> bool:
+            # A new hint connection that has LISTEN-ed (until then only the 30 s poll would wake the reader).
+            pid, channels = hooks.postgres_listening(reader)
+            return pid is not None and pid not in before and bool(channels)
+
+        wait_until(listening_again, timeout=10, what="the hint connection to come back and LISTEN")
         latencies = []
         for index in range(10, 15):
             started = time.monotonic()

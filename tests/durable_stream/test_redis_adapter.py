@@ -796,13 +796,14 @@ def test_idle_subscriptions_cost_no_reads_and_one_head_check_covers_all_topics(
     # that wake-up came after a topic's subscriptions had drained, they read once more: a round of
     # receives that reads nothing shows every wake-up taken (two in a row: a topic is counted as
     # subscribed just before its wake-up is sent).
-    quiet = [0]
+    quiet = 0
 
     def settled() -> bool:
+        nonlocal quiet
         before = reads()
         assert all(subscription.receive(timeout=0) is None for subscription in subscriptions)
-        quiet[0] = quiet[0] + 1 if reads() == before else 0
-        return quiet[0] >= 2
+        quiet = quiet + 1 if reads() == before else 0
+        return quiet >= 2
 
     wait_until(settled, timeout=10.0, what="the subscriptions to catch up and wait")
     before_reads, before_checks = reads(), len(checks)

@@ -8,7 +8,9 @@ variable is ``{"name", "type", "required", "default", "label", …}``, a form is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -127,11 +129,21 @@ def _form(node_id: str, data: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(data.get("form_content"), str) and data["form_content"]:
         form["form_content"] = data["form_content"]
     if data.get("timeout"):
-        unit = _TIMEOUT_UNITS.get(str(data.get("timeout_unit") or "second"), 1)
-        form["timeout"] = float(data["timeout"]) * unit
+        form["timeout"] = _timeout(node_id, data["timeout"], str(data.get("timeout_unit") or "second"))
     parse_fields(node_id, form["form"])
     parse_actions(node_id, form.get("actions"))
     return form
+
+
+def _timeout(node_id: str, raw: Any, unit: str) -> float:
+    """A form's timeout in seconds: a finite, positive number (or numeric string) of ``unit``."""
+    seconds = math.nan
+    if not isinstance(raw, bool):  # YAML's ``yes`` is no timeout
+        with contextlib.suppress(TypeError, ValueError):
+            seconds = float(raw) * _TIMEOUT_UNITS.get(unit, 1)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise WorkflowDefinitionError(f"human-input node {node_id!r}: timeout must be a positive number, not {raw!r}")
+    return seconds
 
 
 def _source(raw: Any) -> Any:
