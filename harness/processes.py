@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from harness.zygote import Forked, fork_celery, forking_enabled
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
 #: The Celery app the workers run (a benchmark may pass its own module that wraps it).
@@ -48,7 +50,7 @@ def end_server(process: subprocess.Popen[bytes], still_answers: Callable[[], boo
         time.sleep(0.01)
 
 
-def terminate(process: subprocess.Popen[bytes], timeout: float = 20) -> None:
+def terminate(process: subprocess.Popen[bytes] | Forked, timeout: float = 20) -> None:
     """SIGTERM a Celery process and wait for its warm shutdown; SIGKILL it after ``timeout``."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
@@ -81,32 +83,34 @@ class Worker:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115  (closed in stop())
         queue = env["CELERY_QUEUE"]
-        self.process = subprocess.Popen(
-            [
-                str(BIN / "celery"),
-                "-A",
-                app,
-                "--quiet",  # no banner: every line of the log is a log record (JSON with LOG_FORMAT=json)
-                "worker",
-                "--pool",
-                pool,
-                "-c",
-                str(concurrency),
-                "-Q",
-                queue,
-                "-n",
-                f"{queue}-{time.monotonic_ns()}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "-l",
-                "info",
-            ],
-            cwd=ROOT,
-            env=process_env(env),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        argv = [
+            str(BIN / "celery"),
+            "-A",
+            app,
+            "--quiet",  # no banner: every line of the log is a log record (JSON with LOG_FORMAT=json)
+            "worker",
+            "--pool",
+            pool,
+            "-c",
+            str(concurrency),
+            "-Q",
+            queue,
+            "-n",
+            f"{queue}-{time.monotonic_ns()}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "info",
+        ]
+        #: A ``subprocess.Popen``, or a child of the test process's zygote (``harness.zygote``) answering the same.
+        self.process: subprocess.Popen[bytes] | Forked
+        if forking_enabled(pool):
+            self.process = fork_celery(argv, process_env(env), str(ROOT), str(log_path))
+        else:
+            self.process = subprocess.Popen(
+                argv, cwd=ROOT, env=process_env(env), stdout=self._log, stderr=subprocess.STDOUT
+            )
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
