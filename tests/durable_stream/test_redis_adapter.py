@@ -16,7 +16,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -508,7 +507,13 @@ def _receive_reading_the_hints(
     feed = _subscribed_feed(backend, *topics)
     received: list[Any] = []
     thread = _receiving(subscription, received, timeout=WAIT)
-    wait_until(partial(_reads_the_links, feed, thread), timeout=10.0, what="receive() to read the hints itself")
+
+    def reading() -> bool:
+        # A receive() that returned (it must wait WAIT seconds for a record nobody appends) says what it got.
+        assert thread.is_alive(), f"receive() returned {received!r} before reading the hints"
+        return _reads_the_links(feed, thread)
+
+    wait_until(reading, timeout=10.0, what="receive() to read the hints itself")
     return feed, thread, received
 
 
