@@ -524,7 +524,8 @@ def main(argv: list[str] | None = None) -> None:
         "--profile-worker",
         type=pathlib.Path,
         metavar="DIR",
-        help="cProfile the API worker in 20 s windows into DIR (tools/profile_worker_conf.py); slows it down",
+        help="cProfile the API workers in 20 s windows into DIR (tools/profile_worker_conf.py), in every "
+        "scenario; slows them down",
     )
     parser.add_argument(
         "--streams",
@@ -705,6 +706,7 @@ def herd_main(args: argparse.Namespace, argv: list[str] | None) -> None:
                     reconnect_ms=args.reconnect_ms,
                     extra_env=extra_env,
                     access_log=not args.no_access_log,
+                    profile_dir=args.profile_worker,
                 )
             except Exception as exc:  # one size failing must not lose the others
                 row = {"scenario": scenario, "clients": count, "error": f"{type(exc).__name__}: {exc}"[:300]}

@@ -345,10 +345,13 @@ def measure_scenario(
     access_log: bool = True,
     directory: pathlib.Path | None = None,
     seed: int = 28,
+    profile_dir: pathlib.Path | None = None,
 ) -> dict[str, Any]:
     """One row of the herd or deploy scenario on a fresh stack (see the module's docstring).
 
     ``start``: the share of each start kind (``bench.sse_starts.parse_start``; default Dify's mix).
+    ``profile_dir``: the API workers profile themselves into ``<profile_dir>/<scenario>-<clients>``
+    (``tools/profile_worker_conf.py``, 20 s windows).
 
     Raises:
         ValueError: the open-files limit leaves no room for a load process's clients.
@@ -367,6 +370,8 @@ def measure_scenario(
         tmp = directory or pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sse-herd-")))
         redis = stack.enter_context(RedisServer(extra=["--maxclients", str(clients * 2 + 1000)]))
         env = stack_env(tmp / "var", redis, "durable", clients, extra_env)
+        if profile_dir is not None:
+            env["PROFILE_WORKER_DIR"] = str(profile_dir / f"{scenario}-{clients}")
         served = stack.enter_context(
             ServedStack(
                 env,
@@ -377,6 +382,7 @@ def measure_scenario(
                 server_args=["--worker-connections", str(clients + 1000), "--backlog", "4096"],
                 celery_app="bench.sse_probe:celery",
                 access_log=access_log,
+                server_config="python:tools.profile_worker_conf" if profile_dir else "python:api.gunicorn_conf",
             )
         )
         server = served.servers[0]

@@ -252,6 +252,7 @@ class ServedStack:
         server_args: Sequence[str] = (),
         celery_app: str = CELERY_APP,
         access_log: bool = True,
+        server_config: str | None = "python:api.gunicorn_conf",
     ) -> None:
         self.env = dict(env)
         self.directory = directory
@@ -261,6 +262,7 @@ class ServedStack:
                 directory,
                 workers=workers_per_server,
                 name=f"api-{index}",
+                config=server_config,
                 extra_args=server_args,
                 access_log=access_log,
             )
