@@ -199,7 +199,8 @@ class Zygote:
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            preexec_fn=_set_death_signal,
+            # No PR_SET_PDEATHSIG: it fires when the *thread* that started the zygote ends, which may be any
+            # test's helper thread. The zygote ends with this process all the same: its stdin closes.
         )
         assert self.process.stdin is not None and self.process.stdout is not None
         self._stdin, self._stdout = self.process.stdin, self.process.stdout

@@ -83,7 +83,8 @@ def test_the_zygote_takes_its_children_with_it_when_the_test_process_ends(tmp_pa
             str(tmp_path / "orphan.log"),
             False,
         )
-        wait_until(lambda: b" ready." in (tmp_path / "orphan.log").read_bytes(), 60, "the worker to be ready")
+        log = tmp_path / "orphan.log"  # made by the child once forked
+        wait_until(lambda: log.exists() and b" ready." in log.read_bytes(), 60, "the worker to be ready")
     finally:
         zygote.close()
     wait_until(
