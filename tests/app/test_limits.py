@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import math
 import pathlib
 import subprocess
 import sys
@@ -105,15 +106,12 @@ def test_run_starts_per_second(tmp_path: pathlib.Path, store: str) -> None:
         def start(index: int = 0) -> requests.Response:
             return requests.post(f"{urls[index % 2]}/v1/workflows/run", json=body, headers=headers, timeout=30)
 
-        # The window slides over one second: a burst shorter than that gets exactly the limit through.
-        for _ in range(3):
-            answers, took = burst(3 * limit, start)
-            if took < 0.9:
-                break
-            time.sleep(1.1)  # a slow burst spans two windows: let this one pass and try again
-        assert took < 0.9, f"the machine is too slow for a burst within one second ({took:.2f} s)"
+        # The window slides over one second: the first `limit` starts go through, and no second of the
+        # burst lets more through, however long this machine takes for it (exactly the limit when the
+        # burst fits in one second, as it does on an idle machine).
+        answers, took = burst(3 * limit, start)
         accepted = [answer for answer in answers if answer.status_code == 202]
-        assert len(accepted) == limit, [answer.status_code for answer in answers]
+        assert limit <= len(accepted) <= limit * math.ceil(took), (took, [answer.status_code for answer in answers])
         for answer in answers:
             if answer.status_code != 202:
                 assert_refused(answer, "run_starts", range(1, 2))
