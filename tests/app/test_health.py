@@ -32,6 +32,12 @@ def ready(harness: AppHarness) -> tuple[int, dict[str, object], float]:
     return response.status_code, response.json, time.monotonic() - began
 
 
+def within_deadline(harness: AppHarness, took: float) -> bool:
+    """The probe answered within its checks' deadline (``HEALTH_CHECK_TIMEOUT``), with as long again for
+    a loaded machine."""
+    return took < 2 * harness.app.config["APP_CONFIG"].HEALTH_CHECK_TIMEOUT
+
+
 def test_live_and_ready_with_everything_up(harness: AppHarness) -> None:
     live = harness.client.get("/health/live")
     assert live.status_code == 200 and live.json == {"status": "ok"}
@@ -45,7 +51,7 @@ def test_ready_names_a_stopped_stream_store(make_harness: Callable[..., AppHarne
         assert ready(harness)[0] == 200
         store.kill()
         status, body, took = ready(harness)
-    assert status == 503 and body["code"] == "not_ready" and took < 5
+    assert status == 503 and body["code"] == "not_ready" and within_deadline(harness, took)
     assert body["checks"] == {"database": "ok", "stream_store": "unavailable", "broker": "ok", "workers": "ok"}
     assert "stream_store" in str(body["message"])
 
@@ -56,7 +62,7 @@ def test_ready_names_a_stopped_broker(make_harness: Callable[..., AppHarness]) -
         assert ready(harness)[0] == 200
         broker.kill()
         status, body, took = ready(harness)
-    assert status == 503 and body["checks"]["broker"] in ("unavailable", "timeout") and took < 5
+    assert status == 503 and body["checks"]["broker"] in ("unavailable", "timeout") and within_deadline(harness, took)
     assert body["checks"]["database"] == "ok" and body["checks"]["stream_store"] == "ok"
 
 
@@ -69,7 +75,7 @@ def test_ready_names_a_stopped_database(make_harness: Callable[..., AppHarness])
         assert ready(harness)[0] == 200
         database.stop()
         status, body, took = ready(harness)
-    assert status == 503 and body["checks"]["database"] in ("unavailable", "timeout") and took < 5
+    assert status == 503 and body["checks"]["database"] in ("unavailable", "timeout") and within_deadline(harness, took)
     assert (
         body["checks"]["stream_store"] == "ok" and int(harness.client.get("/health/ready").headers["Retry-After"]) > 0
     )
