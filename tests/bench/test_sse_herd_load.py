@@ -21,13 +21,18 @@ pytestmark = pytest.mark.timeout(30)
 Stream = list[tuple[int, float] | str]
 
 
-async def _serve(streams: list[Stream], spec: list[Any]) -> tuple[dict[str, Any], list[bytes]]:
-    """Answer the client's ``len(streams)`` requests with ``streams``; its record and the requests."""
+async def _serve(
+    streams: list[Stream], spec: list[Any], asked_at: list[float] | None = None
+) -> tuple[dict[str, Any], list[bytes]]:
+    """Answer the client's ``len(streams)`` requests with ``streams``; its record and the requests. The
+    moment the peer read each request goes to ``asked_at``."""
     requests: list[bytes] = []
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         asked = time.time()
+        if asked_at is not None:
+            asked_at.append(asked)
         requests.append(head)
         script = streams[len(requests) - 1]
         writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\nretry: 10\n\n")
@@ -67,8 +72,10 @@ async def _serve(streams: list[Stream], spec: list[Any]) -> tuple[dict[str, Any]
     return dict(zip(RECORD, client.record(), strict=True)), requests
 
 
-def run(streams: list[Stream], spec: list[Any]) -> tuple[dict[str, Any], list[bytes]]:
-    return asyncio.run(_serve(streams, spec))
+def run(
+    streams: list[Stream], spec: list[Any], asked_at: list[float] | None = None
+) -> tuple[dict[str, Any], list[bytes]]:
+    return asyncio.run(_serve(streams, spec, asked_at))
 
 
 def test_a_tail_client_never_sends_a_cursor_and_counts_skips_apart_from_gaps_and_duplicates() -> None:
@@ -94,10 +101,13 @@ def test_a_tail_client_never_sends_a_cursor_and_counts_skips_apart_from_gaps_and
 
 
 def test_a_tail_start_lag_is_the_request_time_minus_the_first_probe_stamp() -> None:
-    record, _ = run([[(7, 5.0), (8, 0.0), "finish"]], [0, "task", time.time(), "tail", None, -1])
+    asked_at: list[float] = []
+    before = time.time()
+    record, _ = run([[(7, 5.0), (8, 0.0), "finish"]], [0, "task", before, "tail", None, -1], asked_at)
     (lag,) = record["start_lags"]
-    # Stamped 5 s before the peer read the request, which the client sent just before that.
-    assert 4.5 < lag <= 5.0
+    # Stamped 5 s before the peer read the request, which the client sent between `before` and that read.
+    (asked,) = asked_at
+    assert 5.0 - (asked - before) <= lag <= 5.0
     assert (record["missing"], record["duplicated"], record["skipped_on_reconnect"]) == (0, 0, 0)
 
 
