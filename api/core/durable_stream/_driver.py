@@ -166,7 +166,8 @@ class ChangeFeed(Protocol):
     def unwatch(self, topic: str) -> None: ...
 
     def wait(self, wake: Wake, timeout: float) -> None:
-        """Block until ``wake`` is set or ``timeout`` seconds pass (a subscription's wait).
+        """Block until ``wake`` is set or ``timeout`` seconds pass (a subscription's wait); it may return
+        sooner, and the subscription then looks and waits again.
 
         A feed may read its own connection in the caller's thread meanwhile, which saves handing
         each change from its reader to the waiting thread; most feeds just call ``wake.wait``.

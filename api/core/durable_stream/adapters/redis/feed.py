@@ -160,7 +160,9 @@ class RedisChangeFeed(LinkReader):
                     if self._followers or self._listener_needed():
                         self._vacated.set()
                 return
-            wake.wait(timeout)
+            # A lone waiter that could not take the links (the listener was needed, or busy past the
+            # hand-over wait, as on a loaded machine) asks again within a tick, not only at its timeout.
+            wake.wait(min(timeout, _TICK) if self._followers == 1 else timeout)
         finally:
             if following:
                 with self._followers_lock:
