@@ -36,7 +36,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Forked", "fork_celery", "forking_enabled"]
+__all__ = ["MUST_NOT_PRELOAD", "PRELOAD", "Forked", "Zygote", "fork_celery", "forking_enabled"]
 
 #: What every worker imports whatever its settings (measured with ``python -X importtime``).
 PRELOAD = (
