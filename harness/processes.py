@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from harness.zygote import Forked, fork_celery, forking_enabled
+from harness.zygote import Forked, die_with_parent, fork_celery, forking_enabled
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
@@ -27,15 +27,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def die_with_parent() -> None:
-    """``preexec_fn`` of a server child: SIGKILL it when the test process dies (``PR_SET_PDEATHSIG``),
-    so an interrupted run leaves no server behind."""
-    import ctypes
-
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def end_server(process: subprocess.Popen[bytes], still_answers: Callable[[], bool], timeout: float) -> None:

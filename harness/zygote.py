@@ -36,7 +36,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["MUST_NOT_PRELOAD", "PRELOAD", "Forked", "Zygote", "fork_celery", "forking_enabled"]
+__all__ = ["MUST_NOT_PRELOAD", "PRELOAD", "Forked", "Zygote", "die_with_parent", "fork_celery", "forking_enabled"]
 
 #: What every worker imports whatever its settings (measured with ``python -X importtime``).
 PRELOAD = (
@@ -72,7 +72,9 @@ def _write(fd: int, line: str) -> None:
     os.write(fd, (line + "\n").encode())
 
 
-def _set_death_signal() -> None:
+def die_with_parent() -> None:
+    """``preexec_fn`` of a server child (and what a zygote's child does first): SIGKILL it when its parent
+    dies (``PR_SET_PDEATHSIG``), so an interrupted run leaves no server behind."""
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
@@ -81,7 +83,7 @@ def _child(request: Mapping[str, Any]) -> int:
     """What a forked child runs instead of the zygote's loop; returns its exit code."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    _set_death_signal()  # the zygote SIGKILLs its children when it ends; this covers its own SIGKILL
+    die_with_parent()  # the zygote SIGKILLs its children when it ends; this covers its own SIGKILL
     if request.get("new_session"):
         os.setsid()
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -210,6 +212,7 @@ class Zygote:
         self._exited: dict[int, int] = {}
         self._ready = False
         self._gone = False
+        self._said = ""
         threading.Thread(target=self._read, name="zygote-answers", daemon=True).start()
         self._wait_for(lambda: self._ready, 120, "the zygote to import the worker's modules")
 
@@ -224,6 +227,8 @@ class Zygote:
                 elif word == "exited":
                     pid, code = rest.split()
                     self._exited[int(pid)] = int(code)
+                else:  # its last words, e.g. a preload it refused: said when it ends
+                    self._said = raw.decode().strip()
                 self._changed.notify_all()
         with self._changed:
             self._gone = True
@@ -234,7 +239,7 @@ class Zygote:
             if not self._changed.wait_for(lambda: done() or self._gone, timeout):
                 raise subprocess.TimeoutExpired("harness.zygote", timeout or 0)
             if not done():
-                raise RuntimeError(f"the zygote ended before {what} (exit code {self.process.wait()})")
+                raise RuntimeError(f"the zygote ended before {what} (exit code {self.process.wait()}) {self._said}")
 
     def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, log: str, new_session: bool) -> int:
         request = {"argv": list(argv), "env": dict(env), "cwd": cwd, "log": log, "new_session": new_session}
